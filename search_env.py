@@ -1,0 +1,546 @@
+"""The toy search world, BM25 retrieval, the agent protocol and the exact-match reward.
+
+Everything the agent interacts with lives here:
+
+* ``make_world(seed)`` builds a small synthetic encyclopaedia (people, cities, countries,
+  films, companies) whose names are spelled from a fixed syllable inventory, plus 1-, 2- and
+  3-hop questions over it. Nothing in it is known to any pretrained model, so the only way to
+  answer is to search and copy.
+* ``BM25`` is Okapi BM25 in numpy (postings lists, one ``bincount`` per query).
+* ``parse_action`` / ``format_information`` / ``SearchEnv`` implement the Search-R1 protocol:
+  the model writes ``<search> q </search>`` and receives ``<information> ... </information>``,
+  until it writes ``<answer> a </answer>``.
+* ``exact_match`` is the reward (SQuAD normalisation).
+* ``expert_episode`` writes demonstrations through the real env for the supervised warm-up.
+* ``load_jsonl`` reads a real corpus and question file into the same ``World``.
+
+Run ``python search_env.py`` for a ten-second tour of a world.
+"""
+import json
+import random
+import re
+import string
+from dataclasses import dataclass, field
+
+import numpy as np
+
+# ----------------------------------------------------------------------------- protocol
+THINK, THINK_END = "<think>", "</think>"
+SEARCH, SEARCH_END = "<search>", "</search>"
+INFO, INFO_END = "<information>", "</information>"
+ANSWER, ANSWER_END = "<answer>", "</answer>"
+TAGS = (THINK, THINK_END, SEARCH, SEARCH_END, INFO, INFO_END, ANSWER, ANSWER_END)
+MAX_ACTION_CHARS = 120  # a query or answer longer than this is a runaway generation, not an action
+
+INSTRUCTION = ("answer the question. think inside <think> </think>, search with "
+               "<search> query </search>, and give the final answer as <answer> answer </answer>.")
+
+
+# ----------------------------------------------------------------------------- normalisation
+_PUNCT = set(string.punctuation)
+
+
+def normalize_answer(text):
+    """SQuAD normalisation: lower-case, drop punctuation and the articles a/an/the, squeeze spaces."""
+    text = "".join(ch for ch in text.lower() if ch not in _PUNCT)
+    text = re.sub(r"\b(a|an|the)\b", " ", text)
+    return " ".join(text.split())
+
+
+def tokenize(text):
+    """The one tokeniser shared by BM25 and the answer check, so both see the same words."""
+    return normalize_answer(text).split()
+
+
+def exact_match(prediction, answers):
+    """1.0 if the normalised prediction equals any normalised accepted answer, else 0.0."""
+    if prediction is None:
+        return 0.0
+    pred = normalize_answer(prediction)
+    return float(any(pred == normalize_answer(a) for a in answers))
+
+
+# ----------------------------------------------------------------------------- data types
+@dataclass
+class Doc:
+    id: str
+    title: str
+    text: str
+
+
+@dataclass
+class Question:
+    qid: str
+    question: str
+    answers: list          # accepted answer strings
+    evidence: list         # doc ids of the supporting documents, one per hop, in hop order
+    hops: int
+    split: str = "train"
+    # Synthetic worlds only: what an expert searches at each hop and the fact sentence it reads.
+    hop_queries: list = field(default_factory=list)
+    hop_facts: list = field(default_factory=list)
+
+
+@dataclass
+class World:
+    docs: list
+    questions: list
+    seed: int = None
+
+    def __post_init__(self):
+        self.doc_by_id = {d.id: d for d in self.docs}
+        self.bm25 = BM25([d.title + " " + d.text for d in self.docs])
+
+    def split(self, name):
+        return [q for q in self.questions if q.split == name]
+
+    def search(self, query, k=3):
+        """Doc objects of the top-k BM25 hits for a query."""
+        return [self.docs[i] for i in self.bm25.search_indices(query, k)]
+
+    def evidence_docs(self, question):
+        return [self.doc_by_id[i] for i in question.evidence]
+
+
+# ----------------------------------------------------------------------------- BM25
+class BM25:
+    """Okapi BM25 over a list of texts. Postings are stored term-major, so a query costs one
+    ``bincount`` over the postings of its terms, whatever the corpus size."""
+
+    def __init__(self, texts, k1=1.2, b=0.75):
+        docs = [tokenize(t) for t in texts]
+        self.n_docs = len(docs)
+        self.vocab = {}
+        term_ids = [self.vocab.setdefault(w, len(self.vocab)) for d in docs for w in d]
+        doc_ids = np.repeat(np.arange(self.n_docs), [len(d) for d in docs])
+        lengths = np.array([len(d) for d in docs], dtype=np.float64)
+        # One key per (term, doc) pair; unique() sorts by term and counts term frequencies.
+        keys, tf = np.unique(np.asarray(term_ids, dtype=np.int64) * self.n_docs + doc_ids,
+                             return_counts=True)
+        term, doc = keys // self.n_docs, keys % self.n_docs
+        df = np.bincount(term, minlength=len(self.vocab))
+        idf = np.log(1.0 + (self.n_docs - df + 0.5) / (df + 0.5))  # Lucene's, never negative
+        norm = k1 * (1.0 - b + b * lengths[doc] / max(lengths.mean(), 1e-9))
+        self.post_doc = doc
+        self.post_weight = idf[term] * tf * (k1 + 1.0) / (tf + norm)
+        self.offsets = np.searchsorted(term, np.arange(len(self.vocab) + 1))
+
+    def scores(self, query):
+        """BM25 score of every document for the query, shape [n_docs]."""
+        ids = [self.vocab[w] for w in tokenize(query) if w in self.vocab]
+        if not ids:
+            return np.zeros(self.n_docs)
+        sl = [slice(self.offsets[i], self.offsets[i + 1]) for i in ids]
+        return np.bincount(np.concatenate([self.post_doc[s] for s in sl]),
+                           weights=np.concatenate([self.post_weight[s] for s in sl]),
+                           minlength=self.n_docs)
+
+    def search_indices(self, query, k=3):
+        """Indices of the top-k documents with a positive score; ties go to the lower index."""
+        s = self.scores(query)
+        top = np.argsort(-s, kind="stable")[:k]
+        return [int(i) for i in top if s[i] > 0]
+
+    def search(self, query, k=3):
+        """(doc index, score) pairs of the top-k hits, best first."""
+        s = self.scores(query)
+        return [(i, float(s[i])) for i in self.search_indices(query, k)]
+
+
+# ----------------------------------------------------------------------------- the protocol
+@dataclass
+class Action:
+    kind: str      # "search" | "answer" | "invalid"
+    content: str   # the query or the answer; for invalid turns, why
+
+
+def _invalid(why):
+    return Action("invalid", why)
+
+
+def parse_action(turn_text):
+    """Parse one generated turn, which ends at the first ``</search>`` or ``</answer>``.
+
+    Valid: optional free text (thinking) then exactly one ``<search> q </search>`` or
+    ``<answer> a </answer>`` at the very end. Anything else is ``invalid``; this never raises.
+    """
+    if not isinstance(turn_text, str):
+        return _invalid("not text")
+    text = turn_text.strip()
+    counts = {t: text.count(t) for t in TAGS}
+    if counts[INFO] or counts[INFO_END]:
+        return _invalid("the model may not write <information>")
+    n_search = counts[SEARCH] + counts[SEARCH_END]
+    n_answer = counts[ANSWER] + counts[ANSWER_END]
+    if n_search and n_answer:
+        return _invalid("both a search and an answer")
+    if n_search == 0 and n_answer == 0:
+        return _invalid("no action tag")
+    kind, open_tag, close_tag = (("search", SEARCH, SEARCH_END) if n_search
+                                 else ("answer", ANSWER, ANSWER_END))
+    if counts[open_tag] != 1 or counts[close_tag] != 1:
+        return _invalid("unclosed or repeated tag")
+    if not text.endswith(close_tag):
+        return _invalid("text after the closing tag")
+    start = text.index(open_tag)
+    content = text[start + len(open_tag):-len(close_tag)]
+    if any(t in content for t in TAGS):
+        return _invalid("nested tag")
+    if any(ord(ch) < 32 or ord(ch) == 127 for ch in content):
+        return _invalid("control character")
+    content = content.strip()
+    if not content:
+        return _invalid("empty " + kind)
+    if len(content) > MAX_ACTION_CHARS:
+        return _invalid(kind + " too long")
+    before = text[:start]
+    if counts[THINK] != counts[THINK_END] or before.count(THINK_END) != counts[THINK_END]:
+        return _invalid("unbalanced <think>")
+    return Action(kind, content)
+
+
+def format_information(docs):
+    """The exact text block the environment returns for a search. The EviSD teacher formats
+    its gold evidence with this same function, so both look alike to the model."""
+    if not docs:
+        return f"{INFO} no results. {INFO_END}"
+    body = " ".join(f"[{d.title}] {d.text}" for d in docs)
+    return f"{INFO} {body} {INFO_END}"
+
+
+INVALID_OBSERVATION = f"{INFO} invalid turn. use {SEARCH} query {SEARCH_END} or {ANSWER} answer {ANSWER_END}. {INFO_END}"
+
+
+@dataclass
+class StepResult:
+    observation: str   # text to append to the transcript ("" when the episode is done)
+    done: bool
+    reward: float
+    action: Action
+
+
+class SearchEnv:
+    """One multi-turn episode for one question: each generated turn in, an observation out."""
+
+    def __init__(self, world, question, max_turns=4, top_k=3):
+        if max_turns < 1:
+            raise ValueError(f"max_turns must be >= 1, got {max_turns}")
+        if top_k < 1:
+            raise ValueError(f"top_k must be >= 1, got {top_k}")
+        self.world, self.question = world, question
+        self.max_turns, self.top_k = max_turns, top_k
+        self.turns, self.done, self.reward, self.answer = 0, False, 0.0, None
+
+    def prompt(self):
+        """The plain-text prompt (model.render_prompt wraps it in a chat template if any)."""
+        return f"{INSTRUCTION}\nquestion: {self.question.question}\n"
+
+    def step(self, turn_text):
+        if self.done:
+            raise RuntimeError("step() called on a finished episode")
+        self.turns += 1
+        action = parse_action(turn_text)
+        if action.kind == "answer":
+            self.done, self.answer = True, action.content
+            self.reward = exact_match(action.content, self.question.answers)
+            return StepResult("", True, self.reward, action)
+        if self.turns >= self.max_turns:
+            self.done = True
+            return StepResult("", True, 0.0, action)
+        if action.kind == "search":
+            obs = format_information(self.world.search(action.content, self.top_k))
+        else:
+            obs = INVALID_OBSERVATION
+        return StepResult(obs, False, 0.0, action)
+
+
+# ----------------------------------------------------------------------------- the synthetic world
+# Names are spelled from these syllables, so an unseen name is made of familiar pieces.
+SYLLABLES = ("ka", "lo", "mi", "ra", "ven", "tor", "sil", "bar", "dun", "fel", "gor", "hal",
+             "jin", "kel", "mor", "nas", "pel", "quin", "ros", "tam", "ul", "vor", "wen", "zan",
+             "bel", "cor", "dra", "el", "fin", "gal", "har", "is", "lun", "mar", "nor", "pra",
+             "sen", "tal", "ur", "vel", "yor", "zel", "do", "ne", "su", "ti")
+FILM_WORDS = ("nights", "rising", "letters", "harbor", "winter", "garden", "road", "echo")
+COMPANY_WORDS = ("works", "labs", "group", "foods", "motors", "press")
+FLAVOUR = ("old bridges", "long winters", "blue tiles", "river markets", "quiet streets",
+           "tall towers", "spice fields", "salt lakes", "copper mines", "wooden boats")
+HOBBIES = ("old maps", "chess", "sailing", "bird songs", "clay pots", "night trains")
+
+SIZES = dict(n_people=120, n_cities=40, n_countries=10, n_films=60, n_companies=40)
+
+
+def _word(rng, lo, hi):
+    """A word of lo..hi syllables, kept as a tuple so a near-duplicate can swap one."""
+    return tuple(rng.choice(SYLLABLES) for _ in range(rng.randint(lo, hi)))
+
+
+def _near_duplicate(words, rng):
+    """Swap the last syllable of the first multi-syllable word: 'kalo mira' -> 'kalo mitor'."""
+    i = next((i for i, w in enumerate(words) if len(w) > 1), None)
+    if i is None:
+        return words
+    w = words[i][:-1] + (rng.choice([s for s in SYLLABLES if s != words[i][-1]]),)
+    return words[:i] + (w,) + words[i + 1:]
+
+
+def _unique_names(rng, n, make, taken, near_dup_frac):
+    """n distinct names (tuples of syllable tuples as strings); some are near-duplicates."""
+    made, names = [], []
+    while len(names) < n:
+        words = _near_duplicate(rng.choice(made), rng) if made and rng.random() < near_dup_frac else make()
+        name = " ".join("".join(w) for w in words)
+        if name not in taken:
+            taken.add(name)
+            made.append(words)
+            names.append(name)
+    return names
+
+
+def make_world(seed=0, n_people=SIZES["n_people"], n_cities=SIZES["n_cities"],
+               n_countries=SIZES["n_countries"], n_films=SIZES["n_films"],
+               n_companies=SIZES["n_companies"], near_duplicate_frac=0.3, test_frac=0.2):
+    """A deterministic synthetic world: one document per entity and its questions.
+
+    Splits: ``train`` and ``test`` hold 1- and 2-hop questions whose first entity is disjoint
+    (so no answer chain is shared); ``ood`` holds 3-hop compositions. Facts are stated only in
+    the subject's document, so a 2-hop question's second document is not surfaced by a search
+    with the question text, and its answer is not in its first document.
+    """
+    for name, value, low in (("n_people", n_people, 4), ("n_cities", n_cities, 3),
+                             ("n_countries", n_countries, 2), ("n_films", n_films, 1),
+                             ("n_companies", n_companies, 1)):
+        if not isinstance(value, int) or value < low:
+            raise ValueError(f"make_world: {name} must be an int >= {low}, got {value!r}")
+    for name, value in (("near_duplicate_frac", near_duplicate_frac), ("test_frac", test_frac)):
+        if not 0.0 <= value < 1.0:
+            raise ValueError(f"make_world: {name} must be in [0, 1), got {value!r}")
+    rng = random.Random(seed)
+    taken = set()
+    # A small pool of first names, so many people share one and a search must use both words.
+    first_names = [_word(rng, 2, 2) for _ in range(max(8, n_people // 4))]
+    people = _unique_names(rng, n_people, lambda: (rng.choice(first_names), _word(rng, 2, 3)),
+                           taken, near_duplicate_frac)
+    cities = _unique_names(rng, n_cities, lambda: (_word(rng, 2, 3),), taken, near_duplicate_frac)
+    countries = _unique_names(rng, n_countries, lambda: (_word(rng, 2, 2) + ("ia",),), taken, 0.0)
+    films = _unique_names(rng, n_films, lambda: (_word(rng, 2, 2), (rng.choice(FILM_WORDS),)),
+                          taken, near_duplicate_frac)
+    companies = _unique_names(rng, n_companies, lambda: (_word(rng, 2, 2), (rng.choice(COMPANY_WORDS),)),
+                              taken, 0.0)
+
+    # The facts. Every entity gets the relations of its type.
+    country_of = {c: rng.choice(countries) for c in cities}
+    born_in = {p: rng.choice(cities) for p in people}
+    shuffled = people[:]
+    rng.shuffle(shuffled)
+    spouse = {}  # stated only in the first partner's document
+    for a, b in zip(shuffled[0:n_people // 3:2], shuffled[1:n_people // 3:2]):
+        spouse[a] = b
+    director = {f: rng.choice(people) for f in films}
+    founder = {k: rng.choice(people) for k in companies}
+    based_in = {k: rng.choice([c for c in cities if c != born_in[founder[k]]]) for k in companies}
+
+    def other(pool, *exclude):
+        return rng.choice([x for x in pool if x not in exclude])
+
+    docs, doc_id, facts = [], {}, {}
+
+    def add_doc(title, sentences):
+        doc_id[title] = f"d{len(docs):04d}"
+        facts[title] = sentences
+        docs.append(Doc(doc_id[title], title, " ".join(s + "." for s in sentences.values())))
+
+    for p in people:
+        s = {"born_in": f"{p} was born in {born_in[p]}"}
+        if p in spouse:
+            s["married_to"] = f"{p} is married to {spouse[p]}"
+        # Never the birthplace of p or of p's spouse: that would answer a 2-hop question here.
+        s["visited"] = f"{p} once visited {other(cities, born_in[p], born_in.get(spouse.get(p)))}"
+        s["hobby"] = f"{p} likes {rng.choice(HOBBIES)}"
+        add_doc(p, s)
+    for c in cities:
+        add_doc(c, {"located_in": f"{c} is a city in {country_of[c]}",
+                    "flavour": f"{c} is known for its {rng.choice(FLAVOUR)}",
+                    "trade": f"{c} trades with {other(countries, country_of[c])}"})
+    for k in countries:
+        add_doc(k, {"is": f"{k} is a country", "flavour": f"{k} is known for its {rng.choice(FLAVOUR)}"})
+    for f in films:
+        d = director[f]
+        add_doc(f, {"directed_by": f"{f} is a film directed by {d}",
+                    "stars": f"{f} stars {other(people, d, spouse.get(d))}",
+                    "shot_in": f"{f} was shot in {other(cities, born_in[d])}"})
+    for k in companies:
+        add_doc(k, {"founded_by": f"{k} is a company founded by {founder[k]}",
+                    "based_in": f"{k} is based in {based_in[k]}",
+                    "hired": f"{k} hired {other(people, founder[k])} in its first year"})
+
+    # Question templates: (template, subject pool, chain of (relation, lookup)).
+    rel = {"born_in": born_in, "located_in": country_of, "directed_by": director,
+           "founded_by": founder, "based_in": based_in, "married_to": spouse}
+    templates = [
+        (1, "where was {} born?", people, ["born_in"]),
+        (1, "which country is {} in?", cities, ["located_in"]),
+        (1, "who directed {}?", films, ["directed_by"]),
+        (1, "who founded {}?", companies, ["founded_by"]),
+        (1, "where is {} based?", companies, ["based_in"]),
+        (1, "who is {} married to?", list(spouse), ["married_to"]),
+        (2, "where was the director of {} born?", films, ["directed_by", "born_in"]),
+        (2, "in which country was {} born?", people, ["born_in", "located_in"]),
+        (2, "where was the founder of {} born?", companies, ["founded_by", "born_in"]),
+        (2, "in which country is {} based?", companies, ["based_in", "located_in"]),
+        (2, "where was the spouse of {} born?", list(spouse), ["married_to", "born_in"]),
+        (3, "in which country was the director of {} born?", films,
+         ["directed_by", "born_in", "located_in"]),
+        (3, "in which country was the founder of {} born?", companies,
+         ["founded_by", "born_in", "located_in"]),
+        (3, "in which country was the spouse of {} born?", list(spouse),
+         ["married_to", "born_in", "located_in"]),
+    ]
+    # Held-out subjects: their chains appear only in test, never in train.
+    subjects = people + cities + films + companies
+    test_subjects = set(rng.sample(subjects, int(round(test_frac * len(subjects)))))
+    questions = []
+    for hops, template, pool, chain in templates:
+        for subject in pool:
+            entity, queries, sentences = subject, [], []
+            for r in chain:
+                queries.append(entity)
+                sentences.append(facts[entity][r])
+                entity = rel[r][entity]
+            split = "ood" if hops == 3 else ("test" if subject in test_subjects else "train")
+            questions.append(Question(
+                qid=f"w{seed}-q{len(questions):04d}", question=template.format(subject),
+                answers=[entity], evidence=[doc_id[e] for e in queries], hops=hops, split=split,
+                hop_queries=queries, hop_facts=sentences))
+    return World(docs, questions, seed=seed)
+
+
+# ----------------------------------------------------------------------------- expert demonstrations
+@dataclass
+class Episode:
+    question: Question
+    turns: list          # generated turn texts, in order
+    observations: list   # env observation after each turn ("" after the last)
+    reward: float
+    answer: str = None
+
+
+def expert_episode(question, world, noise=0.0, rng=None, max_turns=4, top_k=3):
+    """A demonstration written through the real env: search each hop's entity, answer.
+
+    With probability ``noise`` the episode makes one mistake: a vague first query (then a
+    correct retry), a skipped hop (answers with the bridge entity), or an early answer
+    (a guess before any search). With ``noise=0`` every synthetic question scores 1.0.
+    """
+    if not question.hop_queries:
+        raise ValueError(f"question {question.qid} has no expert chain (synthetic worlds only)")
+    rng = rng or random.Random(0)
+    env = SearchEnv(world, question, max_turns=max_turns, top_k=top_k)
+    turns, observations = [], []
+
+    def act(text):
+        turns.append(text)
+        result = env.step(text)
+        observations.append(result.observation)
+        return result
+
+    mistake = rng.choice(("vague", "skip", "early")) if rng.random() < noise else None
+    if mistake == "early":
+        guess = rng.choice(world.docs).title
+        act(f"{THINK} i think i know it. {THINK_END}{ANSWER} {guess} {ANSWER_END}")
+        return Episode(question, turns, observations, env.reward, env.answer)
+    if mistake == "vague":
+        act(f"{THINK} search the question. {THINK_END}{SEARCH} {question.hop_queries[0].split()[0]} {SEARCH_END}")
+    hops = question.hop_queries
+    if mistake == "skip" and len(hops) > 1:
+        hops = hops[:-1]
+    for i, query in enumerate(hops):
+        thought = "i need " + query if i == 0 else question.hop_facts[i - 1]
+        if env.done:
+            break
+        act(f"{THINK} {thought}. {THINK_END}{SEARCH} {query} {SEARCH_END}")
+    if not env.done:
+        if len(hops) < len(question.hop_queries):  # skipped the last hop: answer the bridge
+            fact, answer = question.hop_facts[len(hops) - 1], question.hop_queries[len(hops)]
+        else:
+            fact, answer = question.hop_facts[-1], question.answers[0]
+        act(f"{THINK} {fact}. {THINK_END}{ANSWER} {answer} {ANSWER_END}")
+    return Episode(question, turns, observations, env.reward, env.answer)
+
+
+# ----------------------------------------------------------------------------- real data
+def _read_jsonl(path):
+    with open(path, encoding="utf-8") as f:
+        for n, line in enumerate(f, 1):
+            if line.strip():
+                try:
+                    yield n, json.loads(line)
+                except json.JSONDecodeError as e:
+                    raise ValueError(f"{path}:{n}: not valid JSON ({e.msg})") from None
+
+
+def load_jsonl(corpus_path, questions_path):
+    """A World from a real corpus and question file (Search-R1 / FlashRAG style JSONL).
+
+    corpus lines: ``{"id", "title", "text"}`` or ``{"id", "contents"}`` (first line = title);
+    question lines: ``question``, ``golden_answers`` or ``answers``, optional
+    ``supporting_facts``/``evidence`` (doc titles or ids), optional ``split`` and ``id``.
+    """
+    docs = []
+    for n, row in _read_jsonl(corpus_path):
+        if "id" not in row:
+            raise ValueError(f"{corpus_path}:{n}: missing field 'id'")
+        if "contents" in row:
+            title, _, text = row["contents"].partition("\n")
+            docs.append(Doc(str(row["id"]), title.strip().strip('"'), text.strip()))
+        elif "title" in row and "text" in row:
+            docs.append(Doc(str(row["id"]), row["title"], row["text"]))
+        else:
+            raise ValueError(f"{corpus_path}:{n}: missing field 'contents' (or 'title' and 'text')")
+    by_id = {d.id: d.id for d in docs}
+    by_title = {d.title: d.id for d in docs}
+    questions = []
+    for n, row in _read_jsonl(questions_path):
+        if "question" not in row:
+            raise ValueError(f"{questions_path}:{n}: missing field 'question'")
+        answers = row.get("golden_answers", row.get("answers"))
+        if not answers:
+            raise ValueError(f"{questions_path}:{n}: missing field 'golden_answers' (or 'answers')")
+        answers = [answers] if isinstance(answers, str) else [str(a) for a in answers]
+        evidence = []
+        for ref in row.get("supporting_facts", row.get("evidence", [])):
+            ref = ref[0] if isinstance(ref, list) else str(ref)  # HotpotQA: [title, sentence]
+            doc = by_id.get(ref) or by_title.get(ref)
+            if doc is None:
+                raise ValueError(f"{questions_path}:{n}: evidence {ref!r} is no doc id or title in {corpus_path}")
+            if doc not in evidence:
+                evidence.append(doc)
+        questions.append(Question(str(row.get("id", f"q{n}")), row["question"], answers, evidence,
+                                  max(1, len(evidence)), row.get("split", "test")))
+    return World(docs, questions)
+
+
+# ----------------------------------------------------------------------------- tour
+if __name__ == "__main__":
+    import time
+    t0 = time.perf_counter()
+    world = make_world(seed=0)
+    ms = 1000 * (time.perf_counter() - t0)
+    words = {w for d in world.docs for w in tokenize(d.title + " " + d.text)}
+    print(f"world 0: {len(world.docs)} documents, {len(words)} distinct words, built in {ms:.0f} ms")
+    print("questions per split:", {s: len(world.split(s)) for s in ("train", "test", "ood")})
+    print("\n-- three documents")
+    for d in world.docs[:2] + world.docs[-1:]:
+        print(f"  {d.id} [{d.title}] {d.text}")
+    for split in ("train", "test", "ood"):
+        q = [q for q in world.split(split) if q.hops == {"train": 2, "test": 1, "ood": 3}[split]][0]
+        print(f"\n-- a {split} question ({q.hops} hops): {q.question}  ->  {q.answers}")
+        for i in q.evidence:
+            print(f"  evidence {i}: [{world.doc_by_id[i].title}] {world.doc_by_id[i].text}")
+    q = world.split("train")[len(world.split("train")) // 2]
+    ep = expert_episode(q, world)
+    print(f"\n-- an expert episode for: {q.question}")
+    for turn, obs in zip(ep.turns, ep.observations):
+        print("  model:", turn)
+        if obs:
+            print("  env:  ", obs)
+    print(f"  reward = {ep.reward}")
