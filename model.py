@@ -1,0 +1,308 @@
+"""The policy: tokenizer and embedded default model, the HF-model path, rollouts, log-probs.
+
+* ``build_tokenizer(texts)`` trains a small byte-level BPE on the toy world's text, so common
+  words are whole tokens, names split into syllable-sized pieces, nothing is ever ``<unk>``,
+  and every protocol tag is one token.
+* ``build_model(tokenizer, size)`` makes a randomly initialised Qwen2 causal LM; ``load_model``
+  loads any local HF directory or hub name (with a clear error when offline).
+* ``rollout`` plays ``len(questions) * group_size`` search episodes as one batch per turn with
+  HF ``generate`` (KV cache), stopping each sequence at ``</search>``/``</answer>``/eos.
+* ``token_logprobs`` gives log p of each token, applying the output projection only where asked.
+"""
+import os
+import re
+from dataclasses import dataclass
+
+import torch
+from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, trainers
+from transformers import (AutoModelForCausalLM, AutoTokenizer, GenerationConfig,
+                          PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM)
+
+import search_env as se
+
+SPECIAL_TOKENS = ["<pad>", "<bos>", "<eos>", "<unk>"]
+KIND_IDS = {"search": 1, "answer": 2}  # values of action_kind; 0 = not inside an action span
+
+# hidden, layers, heads, kv heads, mlp width. tiny ~ 1M parameters, small ~ 5M.
+SIZES = {"tiny": (128, 4, 4, 2, 384), "small": (256, 6, 8, 4, 768), "base": (512, 8, 8, 4, 1536)}
+
+
+# ----------------------------------------------------------------------------- tokenizer
+def tokenizer_texts(seeds=(0, 1, 2, 3)):
+    """Training text for the tokenizer: documents, questions and expert transcripts of a few
+    worlds, plus every syllable on its own so each is a learnable piece."""
+    texts = [se.INSTRUCTION, " ".join(se.SYLLABLES), se.INVALID_OBSERVATION]
+    for seed in seeds:
+        world = se.make_world(seed=seed)
+        texts += [f"[{d.title}] {d.text}" for d in world.docs]
+        for q in world.questions[::4]:
+            ep = se.expert_episode(q, world)
+            texts += [se.SearchEnv(world, q).prompt()] + ep.turns
+    return texts
+
+
+def build_tokenizer(texts, vocab_size=768):
+    """A byte-level BPE tokenizer wrapped as a Hugging Face fast tokenizer.
+
+    Byte-level means any string encodes (no ``<unk>``) and decodes back exactly; a small
+    vocabulary keeps whole names from becoming single tokens, so an unseen name is spelled
+    from the same syllable pieces the model has learned to copy.
+    """
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=SPECIAL_TOKENS,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+                                  show_progress=False)
+    tok.train_from_iterator(texts, trainer)
+    # Tags are plain (non-special) added tokens: one id each, and kept by decode().
+    tok.add_tokens([AddedToken(t, normalized=False) for t in se.TAGS])
+    return PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<pad>", bos_token="<bos>",
+                                   eos_token="<eos>", unk_token="<unk>")
+
+
+def tag_id(tokenizer, tag):
+    ids = tokenizer.encode(tag, add_special_tokens=False)
+    if len(ids) != 1:
+        raise ValueError(f"the tokenizer splits {tag!r} into {len(ids)} tokens; protocol tags "
+                         "must be single tokens (add them with tokenizer.add_tokens)")
+    return ids[0]
+
+
+def ensure_tags(tokenizer, model):
+    """Make every protocol tag a single token of an HF tokenizer, growing the embeddings."""
+    missing = [t for t in se.TAGS if len(tokenizer.encode(t, add_special_tokens=False)) != 1]
+    if missing:
+        tokenizer.add_tokens(missing)
+        model.resize_token_embeddings(len(tokenizer))
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token
+
+
+# ----------------------------------------------------------------------------- models
+def build_model(tokenizer, size="tiny", seed=0):
+    """A randomly initialised Qwen2 causal LM sized by ``SIZES[size]``."""
+    if size not in SIZES:
+        raise ValueError(f"unknown model size {size!r}; allowed: {sorted(SIZES)}")
+    hidden, layers, heads, kv_heads, mlp = SIZES[size]
+    config = Qwen2Config(
+        vocab_size=len(tokenizer), hidden_size=hidden, intermediate_size=mlp,
+        num_hidden_layers=layers, num_attention_heads=heads, num_key_value_heads=kv_heads,
+        max_position_embeddings=2048, tie_word_embeddings=True,
+        pad_token_id=tokenizer.pad_token_id, bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id)
+    torch.manual_seed(seed)
+    return Qwen2ForCausalLM(config)
+
+
+def load_model(name_or_path, dtype=None, local_files_only=None):
+    """(model, tokenizer) from a local HF directory or a hub name, as any HF user would load.
+
+    Offline and not cached, this raises one clear error instead of a stack of retries.
+    ``local_files_only`` defaults to the HF_HUB_OFFLINE environment variable.
+    """
+    if local_files_only is None:
+        local_files_only = os.environ.get("HF_HUB_OFFLINE", "0") not in ("", "0", "false")
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(name_or_path, local_files_only=local_files_only)
+        model = AutoModelForCausalLM.from_pretrained(name_or_path, dtype=dtype,
+                                                     local_files_only=local_files_only)
+    except OSError as e:
+        if os.path.isdir(name_or_path):
+            raise
+        raise RuntimeError(
+            f"could not load model {name_or_path!r}: it is not a local directory and the "
+            "Hugging Face hub cannot be reached (or has no such model). Download it on a machine "
+            "with internet access and pass its directory, or use the embedded default with "
+            f"MODEL='tiny'. (cause: {type(e).__name__}: {str(e).splitlines()[0]})") from None
+    ensure_tags(tokenizer, model)
+    return model, tokenizer
+
+
+def save_checkpoint_dir(model, tokenizer, path):
+    """A normal HF directory: model and tokenizer, loadable with the Auto classes."""
+    model.save_pretrained(path)
+    tokenizer.save_pretrained(path)
+
+
+def render_prompt(tokenizer, question):
+    """The instruction and the question: plain text for the embedded model, or through the
+    chat template for an instruct model that has one."""
+    text = question.question if isinstance(question, se.Question) else str(question)
+    if getattr(tokenizer, "chat_template", None):
+        messages = [{"role": "system", "content": se.INSTRUCTION},
+                    {"role": "user", "content": f"question: {text}"}]
+        return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    return f"{se.INSTRUCTION}\nquestion: {text}\n"
+
+
+# ----------------------------------------------------------------------------- transcripts
+class Transcript:
+    """Token ids of one episode with its masks, built turn by turn.
+
+    ``gen`` marks model-written tokens (the loss mask), ``info`` environment-written ones,
+    ``kind`` the action spans (1 search, 2 answer); ``spans`` holds (start, end, kind, turn).
+    """
+
+    def __init__(self, prompt_ids):
+        self.ids = list(prompt_ids)
+        self.prompt_len = len(self.ids)
+        self.gen, self.info, self.kind = [0] * len(self.ids), [0] * len(self.ids), [0] * len(self.ids)
+        self.spans = []
+
+    def add_turn(self, turn_ids, kind, turn_index, open_tag_id=None):
+        """Append generated tokens; for a valid action, its span starts at its opening tag."""
+        start = len(self.ids)
+        self.ids += turn_ids
+        self.gen += [1] * len(turn_ids)
+        self.info += [0] * len(turn_ids)
+        if kind in KIND_IDS:
+            offset = len(turn_ids) - 1 - turn_ids[::-1].index(open_tag_id)
+            self.kind += [0] * offset + [KIND_IDS[kind]] * (len(turn_ids) - offset)
+            self.spans.append((start + offset, len(self.ids), kind, turn_index))
+        else:
+            self.kind += [0] * len(turn_ids)
+            self.spans.append((start, len(self.ids), "invalid", turn_index))
+
+    def add_observation(self, obs_ids):
+        self.ids += obs_ids
+        self.gen += [0] * len(obs_ids)
+        self.info += [1] * len(obs_ids)
+        self.kind += [0] * len(obs_ids)
+
+
+def encode_episode(tokenizer, prompt, turns, observations):
+    """A Transcript of a finished episode given as text (expert demonstrations, tests)."""
+    open_ids = {"search": tag_id(tokenizer, se.SEARCH), "answer": tag_id(tokenizer, se.ANSWER)}
+    tr = Transcript(tokenizer.encode(prompt, add_special_tokens=False))
+    for i, (turn, obs) in enumerate(zip(turns, observations)):
+        kind = se.parse_action(turn).kind
+        tr.add_turn(tokenizer.encode(turn, add_special_tokens=False), kind, i, open_ids.get(kind))
+        if obs:
+            tr.add_observation(tokenizer.encode(obs, add_special_tokens=False))
+    return tr
+
+
+def collate(transcripts, pad_id):
+    """Right-pad transcripts into a dict of [N, T] tensors (plus prompt_len [N] and spans)."""
+    T = max(len(t.ids) for t in transcripts)
+
+    def pad(rows, value):
+        return torch.tensor([r + [value] * (T - len(r)) for r in rows], dtype=torch.long)
+
+    return dict(
+        input_ids=pad([t.ids for t in transcripts], pad_id),
+        attention_mask=pad([[1] * len(t.ids) for t in transcripts], 0),
+        gen_mask=pad([t.gen for t in transcripts], 0),
+        info_mask=pad([t.info for t in transcripts], 0),
+        action_kind=pad([t.kind for t in transcripts], 0),
+        prompt_len=torch.tensor([t.prompt_len for t in transcripts]),
+        spans=[t.spans for t in transcripts])
+
+
+# ----------------------------------------------------------------------------- rollout
+@dataclass
+class Rollouts:
+    """A batch of finished episodes, episode i = question i // group_size. Tensors are [N, T]
+    right-padded unless noted."""
+    input_ids: torch.Tensor
+    attention_mask: torch.Tensor
+    gen_mask: torch.Tensor      # model-written tokens (thinking and actions): the loss mask
+    info_mask: torch.Tensor     # environment-written tokens: never trained on
+    action_kind: torch.Tensor   # 1 inside <search>...</search>, 2 inside <answer>...</answer>
+    prompt_len: torch.Tensor    # [N]
+    spans: list                 # per episode: [(start, end, kind, turn)]
+    rewards: torch.Tensor       # [N] exact match of the final answer (0 if none)
+    answers: list               # [N] predicted answer strings (None if none)
+    turns: torch.Tensor         # [N] turns used
+    questions: list             # [N] the Question of each episode
+
+
+@torch.no_grad()
+def rollout(model, tokenizer, env_factory, questions, group_size=1, max_turns=4,
+            max_new_tokens=64, temperature=1.0, greedy=False):
+    """Play ``len(questions) * group_size`` episodes, one batched ``generate`` per turn.
+
+    Each turn, the unfinished episodes are left-padded into one batch, generation stops per
+    sequence at ``</search>``, ``</answer>`` or eos, each turn's text goes to its env, and the
+    observation's token ids are appended. Token ids are kept, never re-encoded from text;
+    each turn's prompt is re-prefilled in one forward (cheap beside decoding).
+
+    The old-policy log-probs are not returned: with one sampled batch per update they come for
+    free from the first PPO epoch's forward pass (see train.py).
+    """
+    device = next(model.parameters()).device
+    stop_ids = [tag_id(tokenizer, se.SEARCH_END), tag_id(tokenizer, se.ANSWER_END), tokenizer.eos_token_id]
+    open_ids = {"search": tag_id(tokenizer, se.SEARCH), "answer": tag_id(tokenizer, se.ANSWER)}
+    pad_id = tokenizer.pad_token_id
+    gen_config = GenerationConfig(
+        max_new_tokens=max_new_tokens, do_sample=not greedy, temperature=temperature if not greedy else None,
+        top_k=0 if not greedy else None, top_p=1.0 if not greedy else None,
+        eos_token_id=stop_ids, pad_token_id=pad_id)
+    episodes = [q for q in questions for _ in range(group_size)]
+    envs = [env_factory(q) for q in episodes]
+    transcripts = [Transcript(tokenizer.encode(render_prompt(tokenizer, q), add_special_tokens=False))
+                   for q in episodes]
+    was_training = model.training
+    model.eval()
+    for turn in range(max_turns):
+        active = [i for i, env in enumerate(envs) if not env.done]
+        if not active:
+            break
+        L = max(len(transcripts[i].ids) for i in active)
+        ids = torch.full((len(active), L), pad_id, dtype=torch.long)
+        mask = torch.zeros((len(active), L), dtype=torch.long)
+        for row, i in enumerate(active):  # left padding, so every row continues at column L
+            n = len(transcripts[i].ids)
+            ids[row, L - n:] = torch.tensor(transcripts[i].ids)
+            mask[row, L - n:] = 1
+        out = model.generate(input_ids=ids.to(device), attention_mask=mask.to(device),
+                             generation_config=gen_config)
+        new = out[:, L:].tolist()
+        for row, i in enumerate(active):
+            tokens = _cut_at_stop(new[row], stop_ids, pad_id)
+            result = envs[i].step(tokenizer.decode(tokens))
+            kind = result.action.kind
+            transcripts[i].add_turn(tokens, kind, turn, open_ids.get(kind))
+            if result.observation:
+                transcripts[i].add_observation(tokenizer.encode(result.observation, add_special_tokens=False))
+    model.train(was_training)
+    batch = collate(transcripts, pad_id)
+    return Rollouts(**batch, rewards=torch.tensor([e.reward for e in envs]),
+                    answers=[e.answer for e in envs], turns=torch.tensor([e.turns for e in envs]),
+                    questions=episodes)
+
+
+def _cut_at_stop(tokens, stop_ids, pad_id):
+    """The generated tokens up to and including the first stop token (eos is dropped)."""
+    for j, t in enumerate(tokens):
+        if t in stop_ids:
+            return tokens[:j + 1] if t != stop_ids[-1] else tokens[:j]
+    while tokens and tokens[-1] == pad_id:  # ran to max_new_tokens: keep what was written
+        tokens = tokens[:-1]
+    return tokens
+
+
+# ----------------------------------------------------------------------------- log-probs
+def token_logprobs(model, input_ids, attention_mask, score_mask=None, chunk=4096, temperature=1.0):
+    """log p(token_t | tokens_<t) for every position, shape [N, T]; position 0 gets 0.
+
+    Only positions where ``score_mask`` is 1 are computed (all others are 0): the decoder runs
+    over the whole batch once, but the output projection and the log-softmax run only on the
+    selected hidden states, ``chunk`` rows at a time, with gather - logsumexp instead of a full
+    [N, T, V] log-softmax, so a 150k-vocabulary model fits in memory.
+    """
+    hidden = model.get_decoder()(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+    if score_mask is None:
+        score_mask = attention_mask
+    select = score_mask[:, 1:].bool()                          # [N, T-1] targets to score
+    h = hidden[:, :-1][select]                                 # [M, d] the states predicting them
+    targets = input_ids[:, 1:][select]                         # [M]
+    head = model.get_output_embeddings()
+    pieces = []
+    for s in range(0, h.shape[0], chunk):
+        logits = head(h[s:s + chunk]).float() / temperature    # [chunk, V]
+        pieces.append(logits.gather(-1, targets[s:s + chunk, None]).squeeze(-1) - logits.logsumexp(-1))
+    logp = torch.cat(pieces) if pieces else h.new_zeros(0, dtype=torch.float32)
+    out = torch.zeros(select.shape, dtype=torch.float32, device=input_ids.device)
+    return torch.nn.functional.pad(out.masked_scatter(select, logp), (1, 0))  # [N, T]

@@ -1,0 +1,196 @@
+"""Tests for model.py: tokenizer, checkpoints, log-probs, rollouts and their masks."""
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+import model as M
+import search_env as se
+
+
+@pytest.fixture(scope="module")
+def tok():
+    return M.build_tokenizer(M.tokenizer_texts(seeds=(0,)))
+
+
+@pytest.fixture(scope="module")
+def lm(tok):
+    torch.manual_seed(0)
+    return M.build_model(tok, "tiny").eval()
+
+
+@pytest.fixture(scope="module")
+def world():
+    return se.make_world(seed=7, n_people=20, n_cities=8, n_countries=3, n_films=8, n_companies=6)
+
+
+def test_tokenizer_round_trip_and_single_token_tags(tok, world):
+    text = se.format_information(world.docs[:3]) + "<think> x. </think><answer> y </answer>\n"
+    assert tok.decode(tok.encode(text)) == text
+    for tag in se.TAGS:
+        assert len(tok.encode(tag)) == 1
+
+
+def test_unseen_names_encode_in_familiar_pieces(tok):
+    unseen = se.make_world(seed=12345)          # a world the tokenizer never saw
+    unk = tok.unk_token_id
+    pieces = []
+    for d in unseen.docs:
+        ids = tok.encode(" " + d.title)
+        assert unk not in ids
+        pieces.append(len(ids) / len("".join(d.title.split())))
+    # Byte-level would give one token per character; syllable pieces give far fewer.
+    assert sum(pieces) / len(pieces) < 0.45
+
+
+def test_checkpoint_reloads_with_auto_classes(tok, lm, tmp_path):
+    M.save_checkpoint_dir(lm, tok, tmp_path)
+    tok2 = AutoTokenizer.from_pretrained(tmp_path)
+    lm2 = AutoModelForCausalLM.from_pretrained(tmp_path).eval()
+    text = "where was the director of elis road born? <search> elis road </search>"
+    ids = tok.encode(text)
+    assert tok2.encode(text) == ids and tok2.pad_token_id == tok.pad_token_id
+    x = torch.tensor([ids])
+    with torch.no_grad():
+        assert torch.equal(lm(x).logits, lm2(x).logits)
+
+
+def _naive_logprobs(lm, ids):
+    with torch.no_grad():
+        logits = lm(torch.tensor([ids])).logits[0]
+    lp = torch.log_softmax(logits.float(), -1)
+    return [0.0] + [lp[t - 1, ids[t]].item() for t in range(1, len(ids))]
+
+
+def test_token_logprobs_equals_naive_loop(lm):
+    ids = [5, 17, 42, 99, 3, 250, 7]
+    with torch.no_grad():
+        got = M.token_logprobs(lm, torch.tensor([ids]), torch.ones(1, len(ids), dtype=torch.long), chunk=2)
+    assert torch.allclose(got[0], torch.tensor(_naive_logprobs(lm, ids)), atol=1e-5)
+
+
+def test_token_logprobs_score_mask_and_padding(lm):
+    short, long = [5, 17, 42, 99], [8, 9, 10, 11, 12, 13, 14, 15]
+    ids = torch.tensor([short + [0] * 4, long])
+    mask = torch.tensor([[1] * 4 + [0] * 4, [1] * 8])
+    with torch.no_grad():
+        batched = M.token_logprobs(lm, ids, mask)
+        alone = M.token_logprobs(lm, torch.tensor([short]), torch.ones(1, 4, dtype=torch.long))
+        partial = M.token_logprobs(lm, ids, mask, score_mask=torch.tensor([[0, 0, 1, 0] + [0] * 4, [0] * 7 + [1]]))
+    assert (batched[0, :4] - alone[0]).abs().max() < 1e-5
+    assert (batched[0, 4:] == 0).all()
+    assert partial[0, 2] == pytest.approx(batched[0, 2].item(), abs=1e-6)
+    assert partial[1, 7] == pytest.approx(batched[1, 7].item(), abs=1e-6)
+    assert (partial != 0).sum() == 2
+
+
+def test_token_logprobs_has_gradient(lm):
+    ids = torch.tensor([[5, 17, 42, 99]])
+    lp = M.token_logprobs(lm, ids, torch.ones_like(ids))
+    lp.sum().backward()
+    assert lm.get_output_embeddings().weight.grad.abs().sum() > 0
+    lm.zero_grad()
+
+
+def _check_masks(r, tok, world):
+    N, T = r.input_ids.shape
+    assert r.gen_mask.shape == r.info_mask.shape == r.action_kind.shape == (N, T)
+    assert not (r.gen_mask & r.info_mask).any()
+    assert ((r.action_kind > 0) <= r.gen_mask.bool()).all()
+    assert ((r.gen_mask | r.info_mask) <= r.attention_mask).all()
+    for i in range(N):
+        p = int(r.prompt_len[i])
+        assert r.gen_mask[i, :p].sum() == 0 and r.info_mask[i, :p].sum() == 0
+        assert r.gen_mask[i, p] == 1  # the first thing after the prompt is generated
+        for start, end, kind, _ in r.spans[i]:
+            k = r.action_kind[i, start:end]
+            assert (k == M.KIND_IDS.get(kind, 0)).all()
+            if kind != "invalid":
+                text = tok.decode(r.input_ids[i, start:end])
+                assert se.parse_action(text).kind == kind
+        # Each observation, decoded from its info tokens, is exactly what the env returned.
+        info = r.info_mask[i].bool()
+        runs, cur = [], []
+        for t in range(T):
+            if info[t]:
+                cur.append(int(r.input_ids[i, t]))
+            elif cur:
+                runs.append(cur); cur = []
+        if cur:
+            runs.append(cur)
+        for run in runs:
+            obs = tok.decode(run)
+            assert obs == se.INVALID_OBSERVATION or obs.startswith(se.INFO) and obs.endswith(se.INFO_END)
+        assert len(runs) == max(0, int(r.turns[i]) - 1)
+
+
+def _expert_model(tok, world, steps=60):
+    """A tiny model briefly fitted to expert transcripts, so rollouts contain real actions."""
+    torch.manual_seed(0)
+    lm = M.build_model(tok, "tiny")
+    opt = torch.optim.AdamW(lm.parameters(), lr=2e-2)
+    trs = []
+    for q in [q for q in world.split("train") if q.hops == 1][:6]:
+        ep = se.expert_episode(q, world)
+        trs.append(M.encode_episode(tok, M.render_prompt(tok, q), ep.turns, ep.observations))
+    b = M.collate(trs, tok.pad_token_id)
+    for _ in range(steps):
+        lp = M.token_logprobs(lm, b["input_ids"], b["attention_mask"], score_mask=b["gen_mask"])
+        loss = -(lp * b["gen_mask"]).sum() / b["gen_mask"].sum()
+        opt.zero_grad(); loss.backward(); opt.step()
+    return lm.eval()
+
+
+@pytest.fixture(scope="module")
+def trained(tok, world):
+    return _expert_model(tok, world)
+
+
+def test_rollout_masks_on_random_and_trained_models(tok, lm, trained, world):
+    qs = world.split("train")[:4]
+    for policy in (lm, trained):
+        torch.manual_seed(0)
+        r = M.rollout(policy, tok, lambda q: se.SearchEnv(world, q, max_turns=3), qs,
+                      group_size=3, max_turns=3, max_new_tokens=24)
+        assert r.input_ids.shape[0] == 12 and (r.turns <= 3).all() and (r.turns >= 1).all()
+        assert r.questions[3] is qs[1]
+        _check_masks(r, tok, world)
+    kinds = {k for spans in r.spans for _, _, k, _ in spans}
+    assert "search" in kinds      # the briefly trained model really acts
+
+
+def test_rollout_respects_max_turns(tok, lm, world):
+    torch.manual_seed(1)
+    r = M.rollout(lm, tok, lambda q: se.SearchEnv(world, q, max_turns=2), world.split("train")[:3],
+                  group_size=2, max_turns=2, max_new_tokens=8)
+    assert (r.turns <= 2).all() and all(len(s) <= 2 for s in r.spans)
+
+
+def test_rollout_is_deterministic_for_a_seed(tok, trained, world):
+    qs = world.split("train")[:3]
+    runs = []
+    for _ in range(2):
+        torch.manual_seed(123)
+        runs.append(M.rollout(trained, tok, lambda q: se.SearchEnv(world, q), qs, group_size=2,
+                              max_new_tokens=24))
+    assert torch.equal(runs[0].input_ids, runs[1].input_ids)
+    assert torch.equal(runs[0].rewards, runs[1].rewards)
+
+
+def test_encode_episode_matches_expert(tok, world):
+    q = [q for q in world.split("train") if q.hops == 2][0]
+    ep = se.expert_episode(q, world)
+    tr = M.encode_episode(tok, M.render_prompt(tok, q), ep.turns, ep.observations)
+    assert [k for _, _, k, _ in tr.spans] == ["search", "search", "answer"]
+    s, e, _, _ = tr.spans[-1]
+    assert tok.decode(tr.ids[s:e]) == f"<answer> {q.answers[0]} </answer>"
+
+
+def test_missing_hub_model_gives_clear_error(monkeypatch, tmp_path):
+    monkeypatch.setenv("HF_HOME", str(tmp_path))
+    with pytest.raises(RuntimeError, match="cannot be reached.*MODEL='tiny'"):
+        M.load_model("no-such-org/no-such-model-xyz", local_files_only=True)  # no network
+
+
+def test_build_model_rejects_unknown_size(tok):
+    with pytest.raises(ValueError, match="allowed"):
+        M.build_model(tok, "huge")
