@@ -1,0 +1,169 @@
+"""EviSD: evidence-conditioned self-distillation as a bounded correction of GRPO advantages.
+
+The student acted from the normal context. The *same* model, with no gradient, re-scores the
+student's action tokens under a privileged, action-aligned context: the question's gold
+evidence (formatted exactly like retrieved information) before its search actions, and the
+golden answer before its answer action. The detached gap between the two log-probs tells which
+action tokens the evidence makes more or less likely; it rescales the GRPO advantage of those
+tokens within [1 - eps, 1 + eps], never changing the sign the outcome reward chose (the RLSD
+form, arXiv 2604.03128):
+
+    g_t = stopgrad(log p_teacher(y_t) - log p_student(y_t))     on action-span tokens
+    w_t = clip(exp(sign(A) * g_t), 1 - eps, 1 + eps)
+    Â_t = A * w_t
+
+Thinking tokens keep A; retrieved information and the prompt are never trained on. Nothing
+changes at inference time: the teacher exists only inside a training step.
+"""
+import torch
+
+import search_env as se
+from model import KIND_IDS, Transcript, token_logprobs
+
+
+# ----------------------------------------------------------------------------- the privileged context
+def answer_block(answers):
+    """The golden answer in a short block of the same style as retrieved information."""
+    return f"{se.INFO} the answer is {answers[0]}. {se.INFO_END}"
+
+
+def privileged_ids(tokenizer, question, world):
+    """Token ids of the two privileged blocks of a question: (gold evidence, golden answer)."""
+    evidence = se.format_information(world.evidence_docs(question))
+    return (tokenizer.encode(evidence, add_special_tokens=False),
+            tokenizer.encode(answer_block(question.answers), add_special_tokens=False))
+
+
+def insert_privileged(tr, evidence_ids, answer_ids, use_search=True, use_answer=True):
+    """The teacher's transcript: ``tr`` with the evidence block inserted just before its first
+    search action and the answer block just before its answer action.
+
+    One teacher sequence per episode is enough and cheapest: each block is inserted *before*
+    the first action it serves, so under causal attention no token before a block can see it
+    (an earlier action's scores never depend on a later action's block), and a later search
+    sees the same evidence a per-action copy would give it.
+    Returns (teacher Transcript, student_pos) where student_pos[j] is the student position of
+    teacher token j, or -1 for an inserted token. Inserted tokens are marked as info.
+    """
+    inserts = {}
+    first_search = next((s for s, _, k, _ in tr.spans if k == "search"), None)
+    answer = next((s for s, _, k, _ in tr.spans if k == "answer"), None)
+    if use_search and first_search is not None and evidence_ids:
+        inserts[first_search] = evidence_ids
+    if use_answer and answer is not None and answer_ids:
+        inserts[answer] = inserts.get(answer, []) + answer_ids
+    out = Transcript(tr.ids[:tr.prompt_len])
+    student_pos = list(range(tr.prompt_len))
+    prev = tr.prompt_len
+    for cut in sorted(inserts) + [len(tr.ids)]:
+        out.ids += tr.ids[prev:cut]
+        out.gen += tr.gen[prev:cut]
+        out.info += tr.info[prev:cut]
+        out.kind += tr.kind[prev:cut]
+        student_pos += range(prev, cut)
+        if cut in inserts:
+            out.add_observation(inserts[cut])
+            student_pos += [-1] * len(inserts[cut])
+        prev = cut
+    # No block sits inside a span, so a span moves by the blocks inserted at or before its start.
+    shift = lambda pos: sum(len(b) for p, b in inserts.items() if p <= pos)
+    out.spans = [(s + shift(s), e + shift(s), k, i) for s, e, k, i in tr.spans]
+    return out, student_pos
+
+
+def _row(rollouts, i):
+    """Episode i of a Rollouts batch as a Transcript (unpadded lists)."""
+    n = int(rollouts.attention_mask[i].sum())
+    tr = Transcript(rollouts.input_ids[i, :int(rollouts.prompt_len[i])].tolist())
+    tr.ids = rollouts.input_ids[i, :n].tolist()
+    tr.gen = rollouts.gen_mask[i, :n].tolist()
+    tr.info = rollouts.info_mask[i, :n].tolist()
+    tr.kind = rollouts.action_kind[i, :n].tolist()
+    tr.spans = rollouts.spans[i]
+    return tr
+
+
+def teacher_inputs(rollouts, world, tokenizer, use_search=True, use_answer=True):
+    """The teacher batch: one privileged sequence per episode, right-padded.
+
+    Returns a dict of [N, T'] tensors: input_ids, attention_mask, score_mask (1 on the
+    teacher positions of the student's action tokens of the selected kinds) and student_pos
+    (the student position of each teacher token, -1 where inserted or padding). Each sequence
+    is cut after its last scored token: nothing after it can change a score.
+    """
+    kinds = [KIND_IDS["search"]] * use_search + [KIND_IDS["answer"]] * use_answer
+    rows = []
+    for i, q in enumerate(rollouts.questions):
+        evidence_ids, answer_ids = privileged_ids(tokenizer, q, world)
+        tr, pos = insert_privileged(_row(rollouts, i), evidence_ids, answer_ids, use_search, use_answer)
+        score = [int(k in kinds) for k in tr.kind]
+        last = max([j for j, s in enumerate(score) if s], default=0) + 1
+        rows.append((tr.ids[:last], score[:last], pos[:last]))
+    T = max(len(r[0]) for r in rows)
+
+    def pad(values, fill):
+        return torch.tensor([v + [fill] * (T - len(v)) for v in values], dtype=torch.long)
+
+    return dict(input_ids=pad([r[0] for r in rows], tokenizer.pad_token_id),
+                attention_mask=pad([[1] * len(r[0]) for r in rows], 0),
+                score_mask=pad([r[1] for r in rows], 0),
+                student_pos=pad([r[2] for r in rows], -1))
+
+
+@torch.no_grad()
+def teacher_logprobs(model, batch, student_shape, temperature=1.0):
+    """Teacher log-probs of the student's action tokens, aligned to student positions [N, T].
+
+    One batched no-grad forward; the output projection runs only at the scored positions.
+    Positions the teacher does not score are 0.
+    """
+    device = next(model.parameters()).device
+    b = {k: v.to(device) for k, v in batch.items()}
+    lp = token_logprobs(model, b["input_ids"], b["attention_mask"], b["score_mask"],
+                        temperature=temperature)                        # [N, T']
+    out = torch.zeros(student_shape, dtype=torch.float32, device=device)
+    rows, cols = b["score_mask"].nonzero(as_tuple=True)
+    out[rows, b["student_pos"][rows, cols]] = lp[rows, cols]
+    return out
+
+
+# ----------------------------------------------------------------------------- the correction
+@torch.no_grad()
+def evisd_advantages(adv, logp_student, logp_teacher, gen_mask, action_kind, eps=0.2, tau=0.0,
+                     use_search=True, use_answer=True, bounded=True):
+    """Per-token advantages Â [N, T] from sequence advantages and the teacher-student gap.
+
+    adv [N]; logp_student, logp_teacher, gen_mask, action_kind [N, T].
+    On the selected action spans (action_kind 1 = search, 2 = answer):
+        g = lp_teacher - lp_student;  w = clip(exp(sign(A) g), 1-eps, 1+eps);  Â = A w
+    where |g| < tau counts as no signal (w = 1) and bounded=False drops the clip. Every other
+    generated token gets the plain A; tokens off gen_mask get 0. The output has no gradient.
+    Returns (token_adv, stats): stats has the fraction of generated tokens modulated (w != 1)
+    and, per kind, the mean and max |g|, the mean w, and the mean g for A > 0 and A < 0.
+    """
+    gen = gen_mask.bool()
+    selected = torch.zeros_like(gen)
+    if use_search:
+        selected |= action_kind == KIND_IDS["search"]
+    if use_answer:
+        selected |= action_kind == KIND_IDS["answer"]
+    selected &= gen
+    A = adv.detach().float()[:, None].expand_as(logp_student)          # [N, T]
+    gap = (logp_teacher - logp_student).detach().float()               # [N, T]
+    w = torch.exp(torch.sign(A) * gap)
+    if bounded:
+        w = w.clamp(1.0 - eps, 1.0 + eps)
+    w = torch.where(selected & (gap.abs() >= tau), w, torch.ones_like(w))
+    token_adv = torch.where(gen, A * w, torch.zeros_like(A))
+    stats = {"modulated_frac": ((w != 1) & gen).sum().item() / max(gen.sum().item(), 1)}
+    for name, k in KIND_IDS.items():
+        span = gen & (action_kind == k)
+        g = gap[span]
+        stats[f"{name}_tokens"] = int(span.sum())
+        stats[f"{name}_gap_abs_mean"] = g.abs().mean().item() if g.numel() else 0.0
+        stats[f"{name}_gap_abs_max"] = g.abs().max().item() if g.numel() else 0.0
+        stats[f"{name}_w_mean"] = w[span].mean().item() if g.numel() else 1.0
+        for sign, sel in (("pos", A > 0), ("neg", A < 0)):
+            gs = gap[span & sel]
+            stats[f"{name}_gap_{sign}"] = gs.mean().item() if gs.numel() else float("nan")
+    return token_adv, stats

@@ -1,0 +1,161 @@
+"""Tests for evisd.py: the bounded correction's signs, bounds and masks, and the teacher context."""
+import pytest
+import torch
+
+import evisd
+import model as M
+import search_env as se
+
+S, A_ = M.KIND_IDS["search"], M.KIND_IDS["answer"]
+
+
+def _batch(seed=0):
+    """Two episodes: prompt, think, search span, info, think, answer span, padding."""
+    torch.manual_seed(seed)
+    #             prompt  think  search   info   think  answer  pad
+    kind = torch.tensor([[0, 0, 0, 0, S, S, S, 0, 0, 0, 0, A_, A_, 0]] * 2)
+    gen = torch.tensor([[0, 0, 1, 1, 1, 1, 1, 0, 0, 1, 1, 1, 1, 0]] * 2)
+    info = torch.tensor([[0, 0, 0, 0, 0, 0, 0, 1, 1, 0, 0, 0, 0, 0]] * 2)
+    lp_s = -torch.rand(2, 14) * 3
+    lp_t = -torch.rand(2, 14) * 3
+    return kind, gen, info, lp_s, lp_t
+
+
+@pytest.mark.parametrize("A", [[1.5, -0.7], [-2.0, 0.3]])
+def test_sign_preserved_and_bounded(A):
+    kind, gen, info, lp_s, lp_t = _batch()
+    adv = torch.tensor(A)
+    out, stats = evisd.evisd_advantages(adv, lp_s, lp_t, gen, kind, eps=0.2)
+    a = adv[:, None].expand_as(out)
+    on = gen.bool()
+    assert (torch.sign(out[on]) == torch.sign(a[on])).all()
+    assert ((out[on].abs() >= 0.8 * a[on].abs() - 1e-6) & (out[on].abs() <= 1.2 * a[on].abs() + 1e-6)).all()
+    assert (out[~on] == 0).all()                                  # prompt, info, padding
+    assert (out[info.bool()] == 0).all()
+    thinking = on & (kind == 0)
+    assert torch.equal(out[thinking], a[thinking])                # thinking keeps plain A
+    assert stats["modulated_frac"] == pytest.approx(((kind > 0) & on).sum().item() / on.sum().item())
+
+
+def test_formula_on_one_token():
+    kind, gen, _, lp_s, lp_t = _batch()
+    lp_t = lp_s.clone()
+    lp_t[0, 4] = lp_s[0, 4] + 0.1                                 # teacher likes this search token
+    lp_t[1, 11] = lp_s[1, 11] - 0.05                              # teacher dislikes this answer token
+    out, _ = evisd.evisd_advantages(torch.tensor([2.0, -1.0]), lp_s, lp_t, gen, kind, eps=0.2)
+    assert out[0, 4].item() == pytest.approx(2.0 * torch.exp(torch.tensor(0.1)).item(), rel=1e-5)
+    assert out[1, 11].item() == pytest.approx(-1.0 * torch.exp(torch.tensor(0.05)).item(), rel=1e-5)
+
+
+def test_zero_gap_is_plain_grpo_and_zero_advantage_is_zero():
+    kind, gen, _, lp_s, _ = _batch()
+    adv = torch.tensor([0.9, -0.4])
+    out, stats = evisd.evisd_advantages(adv, lp_s, lp_s.clone(), gen, kind)
+    assert torch.equal(out, adv[:, None] * gen) and stats["modulated_frac"] == 0
+    kind, gen, _, lp_s, lp_t = _batch()
+    out, _ = evisd.evisd_advantages(torch.zeros(2), lp_s, lp_t, gen, kind)
+    assert (out == 0).all()
+
+
+def test_kind_switches_tau_and_unbounded():
+    kind, gen, _, lp_s, lp_t = _batch()
+    adv = torch.tensor([1.0, -1.0])
+    plain = adv[:, None].expand(2, 14) * gen
+    out, _ = evisd.evisd_advantages(adv, lp_s, lp_t, gen, kind, use_search=False)
+    assert torch.equal(out[kind == S], plain[kind == S])
+    assert not torch.equal(out[kind == A_], plain[kind == A_])
+    out, _ = evisd.evisd_advantages(adv, lp_s, lp_t, gen, kind, use_answer=False)
+    assert torch.equal(out[kind == A_], plain[kind == A_])
+    out, stats = evisd.evisd_advantages(adv, lp_s, lp_t, gen, kind, tau=100.0)
+    assert torch.equal(out, plain) and stats["modulated_frac"] == 0
+    lp_t = lp_s + 2.0                                              # big gap: the clip matters
+    out, _ = evisd.evisd_advantages(adv, lp_s, lp_t, gen, kind, bounded=True)
+    assert out[0, 4].item() == pytest.approx(1.2)
+    out, _ = evisd.evisd_advantages(adv, lp_s, lp_t, gen, kind, bounded=False)
+    assert out[0, 4].item() == pytest.approx(torch.exp(torch.tensor(2.0)).item(), rel=1e-5)
+    assert out[1, 4].item() == pytest.approx(-torch.exp(torch.tensor(-2.0)).item(), rel=1e-5)
+
+
+def test_no_gradient_flows():
+    kind, gen, _, lp_s, lp_t = _batch()
+    lp_s.requires_grad_(True)
+    lp_t.requires_grad_(True)
+    out, _ = evisd.evisd_advantages(torch.tensor([1.0, -1.0], requires_grad=True), lp_s, lp_t, gen, kind)
+    assert not out.requires_grad
+
+
+def test_gap_stats_by_sign():
+    kind, gen, _, lp_s, _ = _batch()
+    lp_t = lp_s.clone()
+    lp_t[0] += 0.3                                                 # A > 0 episode: teacher +0.3
+    lp_t[1] -= 1.0                                                 # A < 0 episode: teacher -1.0
+    _, st = evisd.evisd_advantages(torch.tensor([1.0, -1.0]), lp_s, lp_t, gen, kind)
+    assert st["search_gap_pos"] == pytest.approx(0.3, abs=1e-5)
+    assert st["answer_gap_neg"] == pytest.approx(-1.0, abs=1e-5)
+    assert st["search_tokens"] == 6 and st["answer_tokens"] == 4
+
+
+# ----------------------------------------------------------------------------- teacher context
+@pytest.fixture(scope="module")
+def setup():
+    tok = M.build_tokenizer(M.tokenizer_texts(seeds=(0,)))
+    world = se.make_world(seed=5, n_people=20, n_cities=8, n_countries=3, n_films=8, n_companies=6)
+    q = [q for q in world.split("train") if q.hops == 2][0]
+    ep = se.expert_episode(q, world)
+    tr = M.encode_episode(tok, M.render_prompt(tok, q), ep.turns, ep.observations)
+    return tok, world, q, tr
+
+
+def test_teacher_context_placement(setup):
+    tok, world, q, tr = setup
+    ev, ans = evisd.privileged_ids(tok, q, world)
+    assert tok.decode(ev) == se.format_information(world.evidence_docs(q))
+    teacher, pos = evisd.insert_privileged(tr, ev, ans)
+    s1 = next(s for s, _, k, _ in tr.spans if k == "search")
+    sa = next(s for s, _, k, _ in tr.spans if k == "answer")
+    # Nothing changes before the first search action: earlier tokens cannot see any block.
+    assert teacher.ids[:s1] == tr.ids[:s1]
+    # The evidence sits right before the first search, the golden answer right before the answer.
+    assert teacher.ids[s1:s1 + len(ev)] == ev
+    ta = next(s for s, _, k, _ in teacher.spans if k == "answer")
+    assert teacher.ids[ta - len(ans):ta] == ans
+    assert q.answers[0] in tok.decode(teacher.ids[ta - len(ans):ta])
+    # The teacher scores exactly the student's tokens: the position map aligns them.
+    for j, p in enumerate(pos):
+        if p >= 0:
+            assert teacher.ids[j] == tr.ids[p] and teacher.kind[j] == tr.kind[p]
+    assert sum(p < 0 for p in pos) == len(ev) + len(ans)
+    for (s, e, k, _), (ts, te, tk, _) in zip(tr.spans, teacher.spans):
+        assert tr.ids[s:e] == teacher.ids[ts:te] and k == tk
+    # Inserted tokens are not trained on.
+    assert all(teacher.gen[j] == 0 and teacher.info[j] == 1 for j, p in enumerate(pos) if p < 0)
+
+
+def test_teacher_answer_block_never_before_search(setup):
+    tok, world, q, tr = setup
+    ev, ans = evisd.privileged_ids(tok, q, world)
+    teacher, _ = evisd.insert_privileged(tr, ev, ans, use_search=False)
+    last_search_end = max(e for _, e, k, _ in teacher.spans if k == "search")
+    assert teacher.ids[:last_search_end] == tr.ids[:last_search_end]   # no block before searches
+    assert len(teacher.ids) == len(tr.ids) + len(ans)
+
+
+def test_teacher_logprobs_align_with_a_manual_forward(setup):
+    tok, world, q, tr = setup
+    lm = M.build_model(tok, "tiny").eval()
+    b = M.collate([tr, tr], tok.pad_token_id)
+    r = M.Rollouts(**b, rewards=torch.tensor([1.0, 0.0]), answers=[None, None],
+                   turns=torch.tensor([3, 3]), questions=[q, q])
+    batch = evisd.teacher_inputs(r, world, tok)
+    lp_t = evisd.teacher_logprobs(lm, batch, r.input_ids.shape)
+    ev, ans = evisd.privileged_ids(tok, q, world)
+    teacher, pos = evisd.insert_privileged(tr, ev, ans)
+    full = M.token_logprobs(lm, torch.tensor([teacher.ids]), torch.ones(1, len(teacher.ids), dtype=torch.long))[0]
+    scored = (r.action_kind[0] > 0)
+    assert scored.sum() > 0 and (lp_t[0][~scored] == 0).all()
+    for j, p in enumerate(pos):
+        if p >= 0 and scored[p]:
+            assert lp_t[0, p].item() == pytest.approx(full[j].item(), abs=1e-5)
+    assert torch.allclose(lp_t[0], lp_t[1])
+    # The teacher batch is cut after the last scored token.
+    assert batch["input_ids"].shape[1] == max(j for j, p in enumerate(pos) if p >= 0 and scored[p]) + 1
