@@ -165,5 +165,5 @@ def evisd_advantages(adv, logp_student, logp_teacher, gen_mask, action_kind, eps
         stats[f"{name}_w_mean"] = w[span].mean().item() if g.numel() else 1.0
         for sign, sel in (("pos", A > 0), ("neg", A < 0)):
             gs = gap[span & sel]
-            stats[f"{name}_gap_{sign}"] = gs.mean().item() if gs.numel() else float("nan")
+            stats[f"{name}_gap_{sign}"] = gs.mean().item() if gs.numel() else None
     return token_adv, stats

@@ -32,8 +32,7 @@ ANSWER, ANSWER_END = "<answer>", "</answer>"
 TAGS = (THINK, THINK_END, SEARCH, SEARCH_END, INFO, INFO_END, ANSWER, ANSWER_END)
 MAX_ACTION_CHARS = 120  # a query or answer longer than this is a runaway generation, not an action
 
-INSTRUCTION = ("answer the question. think inside <think> </think>, search with "
-               "<search> query </search>, and give the final answer as <answer> answer </answer>.")
+INSTRUCTION = "answer the question. use <search> query </search> to search, then <answer> answer </answer>."
 
 
 # ----------------------------------------------------------------------------- normalisation
@@ -264,7 +263,6 @@ FILM_WORDS = ("nights", "rising", "letters", "harbor", "winter", "garden", "road
 COMPANY_WORDS = ("works", "labs", "group", "foods", "motors", "press")
 FLAVOUR = ("old bridges", "long winters", "blue tiles", "river markets", "quiet streets",
            "tall towers", "spice fields", "salt lakes", "copper mines", "wooden boats")
-HOBBIES = ("old maps", "chess", "sailing", "bird songs", "clay pots", "night trains")
 
 SIZES = dict(n_people=120, n_cities=40, n_countries=10, n_films=60, n_companies=40)
 
@@ -344,34 +342,36 @@ def make_world(seed=0, n_people=SIZES["n_people"], n_cities=SIZES["n_cities"],
 
     docs, doc_id, facts = [], {}, {}
 
-    def add_doc(title, sentences):
+    def add_doc(title, predicates):
+        """The text states each predicate once, without repeating the title (it is shown
+        beside the text), which keeps retrieved information short; an expert's thought
+        uses the full sentence 'title predicate'."""
         doc_id[title] = f"d{len(docs):04d}"
-        facts[title] = sentences
-        docs.append(Doc(doc_id[title], title, " ".join(s + "." for s in sentences.values())))
+        facts[title] = {r: f"{title} {p}" for r, p in predicates.items()}
+        docs.append(Doc(doc_id[title], title, " ".join(p + "." for p in predicates.values())))
 
+    # Short documents: each fact once, plus one distractor sentence naming another entity of
+    # the same type, so the agent must read the relation, not grab the first name it sees.
     for p in people:
-        s = {"born_in": f"{p} was born in {born_in[p]}"}
+        s = {"born_in": f"was born in {born_in[p]}"}
         if p in spouse:
-            s["married_to"] = f"{p} is married to {spouse[p]}"
+            s["married_to"] = f"is married to {spouse[p]}"
         # Never the birthplace of p or of p's spouse: that would answer a 2-hop question here.
-        s["visited"] = f"{p} once visited {other(cities, born_in[p], born_in.get(spouse.get(p)))}"
-        s["hobby"] = f"{p} likes {rng.choice(HOBBIES)}"
+        s["visited"] = f"once visited {other(cities, born_in[p], born_in.get(spouse.get(p)))}"
         add_doc(p, s)
     for c in cities:
-        add_doc(c, {"located_in": f"{c} is a city in {country_of[c]}",
-                    "flavour": f"{c} is known for its {rng.choice(FLAVOUR)}",
-                    "trade": f"{c} trades with {other(countries, country_of[c])}"})
+        add_doc(c, {"located_in": f"is a city in {country_of[c]}",
+                    "trade": f"trades with {other(countries, country_of[c])}"})
     for k in countries:
-        add_doc(k, {"is": f"{k} is a country", "flavour": f"{k} is known for its {rng.choice(FLAVOUR)}"})
+        add_doc(k, {"is": f"is a country known for its {rng.choice(FLAVOUR)}"})
     for f in films:
         d = director[f]
-        add_doc(f, {"directed_by": f"{f} is a film directed by {d}",
-                    "stars": f"{f} stars {other(people, d, spouse.get(d))}",
-                    "shot_in": f"{f} was shot in {other(cities, born_in[d])}"})
+        add_doc(f, {"directed_by": f"is a film directed by {d}",
+                    "stars": f"stars {other(people, d, spouse.get(d))}"})
     for k in companies:
-        add_doc(k, {"founded_by": f"{k} is a company founded by {founder[k]}",
-                    "based_in": f"{k} is based in {based_in[k]}",
-                    "hired": f"{k} hired {other(people, founder[k])} in its first year"})
+        add_doc(k, {"founded_by": f"is a company founded by {founder[k]}",
+                    "based_in": f"is based in {based_in[k]}",
+                    "hired": f"hired {other(people, founder[k])}"})
 
     # Question templates: (template, subject pool, chain of (relation, lookup)).
     rel = {"born_in": born_in, "located_in": country_of, "directed_by": director,

@@ -115,7 +115,8 @@ def test_evidence_contains_entities_and_answer(world):
         docs = world.evidence_docs(q)
         assert len(docs) == q.hops
         for doc, query, fact in zip(docs, q.hop_queries, q.hop_facts):
-            assert doc.title == query and fact in doc.text
+            assert doc.title == query and fact == f"{query} {fact[len(query) + 1:]}"
+            assert fact[len(query) + 1:] in doc.text
         # Each hop's document names the next hop's entity; the last one names the answer.
         chain = q.hop_queries[1:] + [q.answers[0]]
         for doc, nxt in zip(docs, chain):

@@ -1,0 +1,209 @@
+"""Held-out evaluation: greedy exact match on the test and ood splits, tables, plots, examples.
+
+    python evaluate.py out/evisd-s0 out/grpo-s0 ...      # EM per split, one row per run
+    python evaluate.py out/* --plot curves.png            # learning curves from metrics.jsonl
+    python evaluate.py out/evisd-s0 --show 3              # episodes with the teacher-student gap
+
+Runs whose names differ only in a trailing ``-s<seed>`` are aggregated as mean ± std.
+The held-out world (seed ``EVAL_SEED``) is disjoint from every training world.
+"""
+import argparse
+import html
+import json
+import os
+import re
+import sys
+
+import torch
+
+import model as M
+import search_env as se
+
+SPLITS = ("test", "ood")
+
+
+def heldout_questions(cfg, split, n):
+    """The first n questions of a split of the held-out world (a fixed, seeded sample)."""
+    import train  # the world's size lives in the run's config
+    world = train.world_for(cfg["EVAL_SEED"], cfg)
+    qs = world.split(split)
+    import random
+    qs = random.Random(cfg["EVAL_SEED"]).sample(qs, min(n, len(qs)))
+    return world, qs
+
+
+@torch.no_grad()
+def heldout_em(lm, tokenizer, cfg, n=100, splits=SPLITS, device=None, dtype=torch.float32):
+    """Greedy EM per split and their macro-average."""
+    import train
+    out = {}
+    for split in splits:
+        world, qs = heldout_questions(cfg, split, n)
+        env = lambda q: se.SearchEnv(world, q, max_turns=cfg["MAX_TURNS"], top_k=cfg["TOP_K"])
+        with train.autocast(device or torch.device("cpu"), dtype):
+            r = M.rollout(lm, tokenizer, env, qs, group_size=1, max_turns=cfg["MAX_TURNS"],
+                          max_new_tokens=cfg["MAX_NEW_TOKENS"], greedy=True)
+        out[split] = round(r.rewards.mean().item(), 4)
+    out["macro"] = round(sum(out[s] for s in splits) / len(splits), 4)
+    return out
+
+
+def load_run(run_dir):
+    """(model, tokenizer, config) of a run's latest checkpoint."""
+    import train
+    ckpt = train.latest_checkpoint(run_dir)
+    if ckpt is None:
+        raise SystemExit(f"{run_dir}: no checkpoint (ckpt-*) found; has it trained?")
+    lm, tok = M.load_model(ckpt, local_files_only=True)
+    cfg = torch.load(os.path.join(ckpt, "state.pt"), weights_only=False)["config"]
+    return lm.eval(), tok, cfg
+
+
+def read_metrics(run_dir):
+    path = os.path.join(run_dir, "metrics.jsonl")
+    return [json.loads(l) for l in open(path)] if os.path.exists(path) else []
+
+
+def group_name(run_dir):
+    return re.sub(r"-s\d+$", "", os.path.basename(os.path.normpath(run_dir)))
+
+
+def results_table(rows, splits):
+    """Rows grouped by method name: mean ± std over seeds for each column."""
+    groups = {}
+    for row in rows:
+        groups.setdefault(row["group"], []).append(row)
+    cols = list(splits) + ["macro", "modulated_frac", "gap_pos", "gap_neg", "wall_min"]
+    lines = ["| run | seeds | " + " | ".join(cols) + " |", "|---" * (len(cols) + 2) + "|"]
+    for name, rs in groups.items():
+        cells = []
+        for c in cols:
+            vals = [r[c] for r in rs if r.get(c) is not None]
+            if not vals:
+                cells.append("–")
+                continue
+            t = torch.tensor(vals, dtype=torch.float64)
+            std = t.std().item() if len(vals) > 1 else 0.0
+            cells.append(f"{t.mean().item():.3f} ± {std:.3f}" if len(vals) > 1 else f"{vals[0]:.3f}")
+        lines.append(f"| {name} | {len(rs)} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def run_summary(run_dir, splits, n):
+    lm, tok, cfg = load_run(run_dir)
+    em = heldout_em(lm, tok, cfg, n=n, splits=splits)
+    steps = [m for m in read_metrics(run_dir) if not m.get("eval")]
+    last = steps[-max(1, len(steps) // 5):] if steps else []   # the last fifth of training
+
+    def mean(key):
+        vals = [m[k] for m in last for k in key if m.get(k) is not None]
+        return sum(vals) / len(vals) if vals else None
+    return {"run": run_dir, "group": group_name(run_dir), **em,
+            "modulated_frac": mean(["modulated_frac"]),
+            "gap_pos": mean(["search_gap_pos", "answer_gap_pos"]),   # mean action-token gap, A > 0
+            "gap_neg": mean(["search_gap_neg", "answer_gap_neg"]),   # and A < 0
+            "wall_min": sum(m["step_s"] for m in steps) / 60 if steps else None}
+
+
+# ----------------------------------------------------------------------------- plots and examples
+def plot_curves(run_dirs, path):
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    panels = [("reward", "sampled train reward"), ("eval_macro", "held-out EM (macro)"),
+              ("kl", "KL to warm-up"), ("modulated_frac", "modulated token fraction")]
+    fig, axes = plt.subplots(1, 4, figsize=(18, 3.8))
+    for run in run_dirs:
+        rows = read_metrics(run)
+        for ax, (key, title) in zip(axes, panels):
+            pts = [(m["step"], m[key]) for m in rows if key in m]
+            if key == "reward" and len(pts) > 10:   # smooth the noisy per-step reward
+                k = 10
+                pts = [(pts[i][0], sum(p[1] for p in pts[i - k + 1:i + 1]) / k) for i in range(k - 1, len(pts))]
+            if pts:
+                ax.plot(*zip(*pts), label=os.path.basename(os.path.normpath(run)),
+                        marker="o" if key.startswith("eval") else None, ms=3)
+            ax.set_title(title)
+            ax.set_xlabel("RL step")
+    axes[0].legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    return path
+
+
+def show_episodes(run_dir, k, html_path):
+    """Sample K groups, score them with the teacher, print each action token's gap."""
+    import evisd
+    import grpo
+    lm, tok, cfg = load_run(run_dir)
+    world, qs = heldout_questions(cfg, "test", k)
+    torch.manual_seed(0)
+    env = lambda q: se.SearchEnv(world, q, max_turns=cfg["MAX_TURNS"], top_k=cfg["TOP_K"])
+    r = M.rollout(lm, tok, env, qs, group_size=4, max_turns=cfg["MAX_TURNS"],
+                  max_new_tokens=cfg["MAX_NEW_TOKENS"], temperature=cfg["TEMPERATURE"])
+    adv = grpo.group_advantages(r.rewards, 4)
+    with torch.no_grad():
+        lp_s = M.token_logprobs(lm, r.input_ids, r.attention_mask, r.gen_mask)
+    lp_t = evisd.teacher_logprobs(lm, evisd.teacher_inputs(r, world, tok), r.input_ids.shape)
+    token_adv, _ = evisd.evisd_advantages(adv, lp_s, lp_t, r.gen_mask, r.action_kind, cfg["EVISD_EPS"])
+    tty = sys.stdout.isatty()
+    pages = []
+    for i in range(0, len(qs) * 4, 4):
+        for j in (i, i + 1):   # two samples of each question
+            n = int(r.attention_mask[j].sum())
+            p = int(r.prompt_len[j])
+            head = f"Q: {r.questions[j].question}  gold={r.questions[j].answers[0]}  reward={r.rewards[j]:.0f}  A={adv[j]:+.2f}"
+            print("\n" + head)
+            text, page = [], [f"<p><b>{html.escape(head)}</b><br>"]
+            for t in range(p, n):
+                piece = tok.decode([int(r.input_ids[j, t])])
+                if r.info_mask[j, t]:
+                    text.append("\x1b[2m" + piece + "\x1b[0m" if tty else piece)
+                    page.append(f"<span style='color:#999'>{html.escape(piece)}</span>")
+                elif r.action_kind[j, t]:
+                    g = (lp_t[j, t] - lp_s[j, t]).item()
+                    colour = "32" if g > 0 else "31"
+                    text.append(f"\x1b[{colour}m{piece}\x1b[0m[{g:+.1f}]" if tty else f"{piece}[{g:+.1f}]")
+                    alpha = min(abs(g) / 2, 1)
+                    rgb = "0,160,0" if g > 0 else "200,0,0"
+                    page.append(f"<span title='gap {g:+.2f}, Â/A {token_adv[j, t] / adv[j] if adv[j] else 1:.2f}' "
+                                f"style='background:rgba({rgb},{alpha:.2f})'>{html.escape(piece)}</span>")
+                else:
+                    text.append(piece)
+                    page.append(html.escape(piece))
+            print("".join(text))
+            pages.append("".join(page) + "</p>")
+    with open(html_path, "w") as f:
+        f.write("<html><meta charset='utf-8'><body style='font-family:monospace;white-space:pre-wrap'>"
+                "<h3>Teacher-student gap per action token (green: teacher more likely; hover for values)</h3>"
+                + "\n".join(pages) + "</body></html>")
+    print(f"\nwrote {html_path}")
+
+
+def main(argv):
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("runs", nargs="+", help="run directories (OUT_DIR of train.py)")
+    ap.add_argument("--splits", default=",".join(SPLITS), help="comma-separated, e.g. test,ood,train")
+    ap.add_argument("--n", type=int, default=200, help="questions per split")
+    ap.add_argument("--json", default=None, help="also write the rows as JSON here")
+    ap.add_argument("--plot", nargs="?", const="curves.png", default=None, help="learning curves PNG")
+    ap.add_argument("--show", type=int, default=0, metavar="K", help="print K example groups")
+    args = ap.parse_args(argv)
+    for run in args.runs:
+        if not os.path.isdir(run):
+            raise SystemExit(f"{run}: no such run directory")
+    if args.show:
+        show_episodes(args.runs[0], args.show, os.path.join(args.runs[0], "episodes.html"))
+        return
+    splits = tuple(s for s in args.splits.split(",") if s)
+    rows = [run_summary(run, splits, args.n) for run in args.runs]
+    print(results_table(rows, splits))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(rows, f, indent=1)
+    if args.plot:
+        print("wrote", plot_curves(args.runs, args.plot))
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

@@ -1,0 +1,92 @@
+"""Tests for train.py and evaluate.py: overrides, a smoke run of the real loop, resume, eval."""
+import json
+import os
+
+import pytest
+
+import evaluate
+import train
+
+TINY = ["--WORLD_SCALE=0.15", "--SFT_STEPS=4", "--SFT_BATCH=4", "--RL_STEPS=4",
+        "--QUESTIONS_PER_STEP=2", "--GROUP_SIZE=2", "--MAX_NEW_TOKENS=12", "--MAX_TURNS=2",
+        "--EVAL_QUESTIONS=3", "--EVAL_EVERY=2", "--CKPT_EVERY=2", "--PPO_EPOCHS=2"]
+DEFAULTS = {k: getattr(train, k) for k in train.CONFIG_KEYS}
+TIMING = ("step_s", "rollout_s", "teacher_s")
+
+
+def run(tmp_path, name, *extra):
+    out = str(tmp_path / name)
+    train.main(TINY + [f"--OUT_DIR={out}", f"--SFT_DIR={tmp_path}/sft"] + list(extra))
+    return out
+
+
+def rows(out):
+    return [json.loads(l) for l in open(os.path.join(out, "metrics.jsonl"))]
+
+
+def strip_timing(rs):
+    return [{k: v for k, v in r.items() if k not in TIMING} for r in rs]
+
+
+@pytest.mark.parametrize("arg, message", [
+    ("--NOPE=1", "unknown setting 'NOPE'; allowed: .*METHOD"),
+    ("--METHOD=ppo", "allowed values are evisd, grpo"),
+    ("--RL_STEPS=1.5", "expected int"),
+    ("--LR=fast", "expected float"),
+    ("--BOUNDED=1", "expected bool"),
+    ("--DEVICE=tpu", "allowed values are auto, cpu, cuda"),
+    ("--GROUP_SIZE=1", "GROUP_SIZE must be >= 2"),
+    ("RL_STEPS=3", "use --NAME=value"),
+])
+def test_override_errors(arg, message):
+    with pytest.raises(SystemExit, match=message):
+        train.parse_overrides([arg], DEFAULTS)
+
+
+def test_overrides_parse_types():
+    cfg, resume = train.parse_overrides(["--LR=1", "--METHOD=grpo", "--BOUNDED=False", "--resume",
+                                         "--OUT_DIR=out/x"], DEFAULTS)
+    assert cfg["LR"] == 1.0 and isinstance(cfg["LR"], float)
+    assert cfg["METHOD"] == "grpo" and cfg["BOUNDED"] is False and resume
+    assert cfg["OUT_DIR"] == "out/x" and cfg["SEED"] == DEFAULTS["SEED"]
+
+
+def test_smoke_run_resume_and_evaluate(tmp_path):
+    full = run(tmp_path, "full")
+    logged = rows(full)
+    steps = [r for r in logged if not r.get("eval")]
+    evals = [r for r in logged if r.get("eval")]
+    assert [r["step"] for r in steps] == [0, 1, 2, 3]
+    assert [r["step"] for r in evals] == [0, 2, 4]
+    for key in ("reward", "em", "kl", "clip_frac", "modulated_frac", "search_gap_pos",
+                "answer_gap_neg", "turns", "tokens", "step_s", "rollout_s", "teacher_s"):
+        assert key in steps[0], key
+    assert 0.0 <= steps[0]["modulated_frac"] <= 1.0
+    assert {"eval_test", "eval_ood", "eval_macro"} <= set(evals[0])
+    # Checkpoint layout: one HF directory (model + tokenizer) with the training state.
+    assert sorted(n for n in os.listdir(full) if n.startswith("ckpt")) == ["ckpt-000004"]
+    ckpt = os.listdir(os.path.join(full, "ckpt-000004"))
+    for f in ("config.json", "model.safetensors", "tokenizer.json", "state.pt"):
+        assert f in ckpt, f
+    assert len([d for d in os.listdir(tmp_path) if d.startswith("sft-")]) == 1
+
+    # 2 steps, then --resume for 2 more: the same metrics as the uninterrupted run.
+    part = run(tmp_path, "part", "--RL_STEPS=2")
+    assert os.path.isdir(os.path.join(part, "ckpt-000002"))
+    run(tmp_path, "part", "--resume")
+    assert strip_timing(rows(part)) == strip_timing(logged)
+
+    # evaluate.py: the table, the JSON rows and the PNG.
+    png, js = str(tmp_path / "curves.png"), str(tmp_path / "rows.json")
+    evaluate.main([full, part, "--n", "3", "--json", js, "--plot", png])
+    assert os.path.getsize(png) > 10_000
+    got = json.load(open(js))
+    assert len(got) == 2 and got[0]["test"] == got[1]["test"] and "macro" in got[0]
+    evaluate.main([full, "--show", "1"])
+    assert "gap" in open(os.path.join(full, "episodes.html")).read()
+
+
+def test_grpo_method_logs_no_modulation(tmp_path):
+    out = run(tmp_path, "grpo", "--METHOD=grpo", "--RL_STEPS=1", "--EVAL_EVERY=0", "--PPO_EPOCHS=1")
+    (r,) = rows(out)
+    assert "modulated_frac" not in r and r["teacher_s"] == 0.0 and r["ratio"] == pytest.approx(1.0)

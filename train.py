@@ -1,0 +1,409 @@
+"""Train a search agent with GRPO or EviSD, end to end.
+
+    python train.py                                   # embedded tiny model, CPU or one GPU
+    python train.py --METHOD=grpo --SEED=1            # any constant below can be overridden
+    python train.py --OUT_DIR=out/run --resume        # continue from the latest checkpoint
+    torchrun --nproc_per_node=4 train.py              # data parallel on 4 GPUs (or CPU gloo)
+
+The constants below are the whole config. Stages, top to bottom: world and tokenizer, model,
+supervised warm-up on expert episodes (cached, so GRPO and EviSD start from the same weights),
+then the RL loop: rollout -> rewards -> group advantages -> (EviSD: teacher re-scoring and the
+bounded correction) -> clipped policy loss -> AdamW.
+"""
+import ast
+import hashlib
+import json
+import math
+import os
+import random
+import shutil
+import sys
+import time
+
+import numpy as np
+import torch
+import torch.distributed as dist
+from tqdm import tqdm
+
+import evisd
+import grpo
+import model as M
+import search_env as se
+from evaluate import heldout_em
+
+# ----------------------------------------------------------------------------- config
+# model
+MODEL = "tiny"               # "tiny" | "small" (embedded, built offline) or an HF name/path
+METHOD = "evisd"             # "evisd" | "grpo"
+SEED = 0
+# world
+FRESH_WORLDS = True          # a new world every step, so facts cannot be memorised
+WORLD_SCALE = 1.0            # multiplies the default entity counts of search_env.make_world
+TOP_K = 3                    # documents returned per search
+MAX_TURNS = 4                # generated turns per episode
+# supervised warm-up
+SFT_STEPS = 400
+SFT_BATCH = 16
+SFT_LR = 3e-3
+SFT_NOISE = 0.4              # chance that an expert demonstration makes one mistake
+SFT_PRIVILEGED_FRAC = -1.0   # clean experts shown in the teacher's context; -1 = auto (0.3 tiny, 0 HF)
+SFT_DIR = "out/sft"          # warm-up checkpoints, one per (seed, model, world, SFT settings)
+# RL
+RL_STEPS = 100
+QUESTIONS_PER_STEP = 8
+GROUP_SIZE = 8
+LR = 5e-4
+KL_COEF = 0.01               # k3 KL to the frozen warm-up model
+CLIP_EPS = 0.2
+PPO_EPOCHS = 1               # with 1, the ratio is exactly 1 and the clip never acts
+GRAD_CLIP = 1.0
+MAX_NEW_TOKENS = 48          # per turn
+TEMPERATURE = 1.0
+# EviSD
+EVISD_EPS = 0.2              # w in [1 - eps, 1 + eps]
+EVISD_TAU = 0.0              # |gap| below this is treated as no signal
+USE_SEARCH_EVIDENCE = True   # gold evidence before search actions
+USE_ANSWER_PRIVILEGE = True  # golden answer before the answer action
+BOUNDED = True               # False: drop the clip (ablation)
+# evaluation and I/O
+EVAL_EVERY = 25
+EVAL_QUESTIONS = 100         # per held-out split
+EVAL_SEED = 1_000_000        # held-out world; training worlds use seeds below this
+CKPT_EVERY = 50
+OUT_DIR = "out/run"
+# system
+DEVICE = "auto"              # "auto" | "cpu" | "cuda" | "cuda:N"
+DTYPE = "auto"               # "auto" (bf16 on CUDA if supported) | "float32" | "bfloat16"
+MAX_BAD_STEPS = 5            # consecutive non-finite losses before stopping
+
+CHOICES = {"METHOD": ("evisd", "grpo"), "DTYPE": ("auto", "float32", "bfloat16", "float16")}
+CONFIG_KEYS = [k for k, v in list(globals().items())
+               if k.isupper() and isinstance(v, (int, float, bool, str)) and k != "CHOICES"]
+
+
+def parse_overrides(argv, defaults):
+    """``--NAME=value`` overrides, type-checked against the defaults; also ``--resume``."""
+    config, resume = dict(defaults), False
+    for arg in argv:
+        if arg == "--resume":
+            resume = True
+            continue
+        if not arg.startswith("--") or "=" not in arg:
+            raise SystemExit(f"bad argument {arg!r}: use --NAME=value or --resume")
+        name, text = arg[2:].split("=", 1)
+        if name not in defaults:
+            raise SystemExit(f"unknown setting {name!r}; allowed: {', '.join(sorted(defaults))}")
+        default = defaults[name]
+        try:
+            value = ast.literal_eval(text)
+        except (ValueError, SyntaxError):
+            value = text                      # a bare word: a string
+        if isinstance(default, float) and isinstance(value, int) and not isinstance(value, bool):
+            value = float(value)
+        if type(value) is not type(default):
+            raise SystemExit(f"{name}={text!r}: expected {type(default).__name__} "
+                             f"like the default {default!r}, got {type(value).__name__}")
+        if name in CHOICES and value not in CHOICES[name]:
+            raise SystemExit(f"{name}={value!r}: allowed values are {', '.join(CHOICES[name])}")
+        config[name] = value
+    if not (config["DEVICE"] in ("auto", "cpu", "cuda") or config["DEVICE"].startswith("cuda:")):
+        raise SystemExit(f"DEVICE={config['DEVICE']!r}: allowed values are auto, cpu, cuda, cuda:N")
+    for name in ("SFT_STEPS", "RL_STEPS", "EVAL_EVERY", "CKPT_EVERY"):
+        if config[name] < 0:
+            raise SystemExit(f"{name} must be >= 0, got {config[name]}")
+    if config["GROUP_SIZE"] < 2:
+        raise SystemExit(f"GROUP_SIZE must be >= 2 (GRPO compares samples), got {config['GROUP_SIZE']}")
+    return config, resume
+
+
+# ----------------------------------------------------------------------------- helpers
+def world_for(seed, cfg):
+    sizes = {k: max(round(v * cfg["WORLD_SCALE"]), 4) for k, v in se.SIZES.items()}
+    return se.make_world(seed=seed, **sizes)
+
+
+def seed_everything(seed):
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
+
+
+def pick_device(cfg):
+    if cfg["DEVICE"] == "auto":
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    else:
+        device = cfg["DEVICE"]
+    if device.startswith("cuda") and dist.is_initialized():
+        device = f"cuda:{int(os.environ.get('LOCAL_RANK', 0))}"
+    dtype = cfg["DTYPE"]
+    if dtype == "auto":
+        dtype = "bfloat16" if device.startswith("cuda") and torch.cuda.is_bf16_supported() else "float32"
+    return torch.device(device), getattr(torch, dtype)
+
+
+def autocast(device, dtype):
+    """Mixed precision on CUDA; the weights and the optimizer state stay float32."""
+    enabled = device.type == "cuda" and dtype != torch.float32
+    return torch.autocast(device_type=device.type, dtype=dtype, enabled=enabled)
+
+
+def atomic_save(path, model, tokenizer, state):
+    """Write a checkpoint directory under a temporary name, then rename it into place."""
+    tmp = path + ".tmp"
+    shutil.rmtree(tmp, ignore_errors=True)
+    M.save_checkpoint_dir(model, tokenizer, tmp)
+    torch.save(state, os.path.join(tmp, "state.pt"))
+    old = path + ".old"
+    if os.path.exists(path):
+        os.replace(path, old)
+    os.replace(tmp, path)
+    shutil.rmtree(old, ignore_errors=True)
+
+
+def latest_checkpoint(out_dir):
+    names = sorted(n for n in os.listdir(out_dir) if n.startswith("ckpt-") and n[5:].isdigit()) \
+        if os.path.isdir(out_dir) else []
+    return os.path.join(out_dir, names[-1]) if names else None
+
+
+class SyncedPolicy(torch.nn.Module):
+    """The policy's log-prob forward as a module, so DDP can wrap it and sync gradients."""
+
+    def __init__(self, lm):
+        super().__init__()
+        self.lm = lm
+
+    def forward(self, input_ids, attention_mask, score_mask, temperature=1.0):
+        return M.token_logprobs(self.lm, input_ids, attention_mask, score_mask, temperature=temperature)
+
+
+# ----------------------------------------------------------------------------- supervised warm-up
+def sft_batch(cfg, tokenizer, step, privileged_frac):
+    """Expert episodes from one fresh world: noisy ones as they are, and a fraction of clean
+    ones under EviSD's privileged context, so the model learns to read that context."""
+    rng = random.Random(cfg["SEED"] * 7919 + step)
+    world = world_for(2_000_000 + cfg["SEED"] * 100_000 + step, cfg)
+    questions = world.split("train")
+    transcripts = []
+    for _ in range(cfg["SFT_BATCH"]):
+        q = rng.choice(questions)
+        privileged = rng.random() < privileged_frac
+        ep = se.expert_episode(q, world, noise=0.0 if privileged else cfg["SFT_NOISE"], rng=rng,
+                               max_turns=cfg["MAX_TURNS"], top_k=cfg["TOP_K"])
+        tr = M.encode_episode(tokenizer, M.render_prompt(tokenizer, q), ep.turns, ep.observations)
+        if privileged:
+            tr, _ = evisd.insert_privileged(tr, *evisd.privileged_ids(tokenizer, q, world))
+        transcripts.append(tr)
+    return M.collate(transcripts, tokenizer.pad_token_id)
+
+
+def supervised_warmup(cfg, lm, tokenizer, device, dtype, rank):
+    """Fit the model to expert transcripts (loss on generated tokens only); cached on disk."""
+    frac = cfg["SFT_PRIVILEGED_FRAC"]
+    if frac < 0:
+        frac = 0.3 if cfg["MODEL"] in M.SIZES else 0.0
+    keys = ("MODEL", "SEED", "WORLD_SCALE", "TOP_K", "MAX_TURNS", "SFT_STEPS", "SFT_BATCH",
+            "SFT_LR", "SFT_NOISE")
+    tag = hashlib.sha1(json.dumps([cfg[k] for k in keys] + [frac]).encode()).hexdigest()[:10]
+    path = f"{cfg['SFT_DIR']}-{tag}"
+    if os.path.isdir(path):
+        lm.load_state_dict(M.AutoModelForCausalLM.from_pretrained(path).state_dict())
+        return path
+    if rank == 0:
+        opt = torch.optim.AdamW(lm.parameters(), lr=cfg["SFT_LR"], weight_decay=0.0)
+        warmup = max(cfg["SFT_STEPS"] // 10, 1)
+        sched = torch.optim.lr_scheduler.LambdaLR(  # linear warm-up, cosine decay to 10%
+            opt, lambda s: min((s + 1) / warmup, 0.1 + 0.45 * (1 + math.cos(math.pi * s / max(cfg["SFT_STEPS"], 1)))))
+        lm.train()
+        bar = tqdm(range(cfg["SFT_STEPS"]), desc="warm-up", dynamic_ncols=True)
+        for step in bar:
+            b = {k: v.to(device) for k, v in sft_batch(cfg, tokenizer, step, frac).items() if k != "spans"}
+            with autocast(device, dtype):
+                lp = M.token_logprobs(lm, b["input_ids"], b["attention_mask"], b["gen_mask"])
+            loss = -(lp * b["gen_mask"]).sum() / b["gen_mask"].sum()
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(lm.parameters(), GRAD_CLIP)
+            opt.step()
+            sched.step()
+            bar.set_postfix(loss=f"{loss.item():.3f}")
+        atomic_save(path, lm, tokenizer, {"config": cfg, "privileged_frac": frac})
+    if dist.is_initialized():
+        dist.barrier()
+        if rank != 0:
+            lm.load_state_dict(M.AutoModelForCausalLM.from_pretrained(path).state_dict())
+    return path
+
+
+# ----------------------------------------------------------------------------- RL
+def rl_step(cfg, step, policy, lm, ref, tokenizer, opt, device, dtype, rank, world_size):
+    """One RL step; returns a dict of metrics (averaged over ranks)."""
+    t0 = time.perf_counter()
+    seed_everything(cfg["SEED"] * 1_000_003 + step * 101 + rank)  # resume gives the same batch
+    world = world_for(cfg["SEED"] * 100_000 + (step if cfg["FRESH_WORLDS"] else 0), cfg)
+    pool = world.split("train")
+    questions = random.Random(cfg["SEED"] * 7 + step).sample(pool, cfg["QUESTIONS_PER_STEP"])
+    questions = questions[rank::world_size]                     # each rank its shard
+    env_factory = lambda q: se.SearchEnv(world, q, max_turns=cfg["MAX_TURNS"], top_k=cfg["TOP_K"])
+    with autocast(device, dtype):
+        r = M.rollout(lm, tokenizer, env_factory, questions, cfg["GROUP_SIZE"], cfg["MAX_TURNS"],
+                      cfg["MAX_NEW_TOKENS"], cfg["TEMPERATURE"])
+    t_rollout = time.perf_counter() - t0
+    adv = grpo.group_advantages(r.rewards, cfg["GROUP_SIZE"]).to(device)      # [N]
+    b = {k: getattr(r, k).to(device) for k in ("input_ids", "attention_mask", "gen_mask", "action_kind")}
+    ref_logp = None
+    if cfg["KL_COEF"] > 0:
+        with torch.no_grad(), autocast(device, dtype):
+            ref_logp = M.token_logprobs(ref, b["input_ids"], b["attention_mask"], b["gen_mask"],
+                                        temperature=cfg["TEMPERATURE"])
+    lm.train()
+    metrics, t_teacher, old_logp = {}, 0.0, None
+    for epoch in range(cfg["PPO_EPOCHS"]):
+        with autocast(device, dtype):
+            logp = policy(b["input_ids"], b["attention_mask"], b["gen_mask"], cfg["TEMPERATURE"])  # [N, T]
+        if epoch == 0:
+            # The batch was sampled by these very weights: the old-policy log-probs are free,
+            # and they are also the student's log-probs that EviSD compares with the teacher.
+            old_logp = logp.detach()
+            if cfg["METHOD"] == "evisd":
+                t1 = time.perf_counter()
+                batch = evisd.teacher_inputs(r, world, tokenizer, cfg["USE_SEARCH_EVIDENCE"],
+                                             cfg["USE_ANSWER_PRIVILEGE"])
+                with autocast(device, dtype):
+                    lp_teacher = evisd.teacher_logprobs(lm, batch, old_logp.shape, cfg["TEMPERATURE"])
+                token_adv, ev_stats = evisd.evisd_advantages(
+                    adv, old_logp, lp_teacher, b["gen_mask"], b["action_kind"], cfg["EVISD_EPS"],
+                    cfg["EVISD_TAU"], cfg["USE_SEARCH_EVIDENCE"], cfg["USE_ANSWER_PRIVILEGE"], cfg["BOUNDED"])
+                metrics.update(ev_stats)
+                t_teacher = time.perf_counter() - t1
+            else:
+                token_adv = adv[:, None] * b["gen_mask"]                          # [N, T]
+        loss, stats = grpo.policy_loss(logp, old_logp, ref_logp, token_adv, b["gen_mask"],
+                                       cfg["CLIP_EPS"], cfg["KL_COEF"])
+        if not torch.isfinite(loss):
+            metrics["nonfinite_loss"] = 1
+            break
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(lm.parameters(), cfg["GRAD_CLIP"])
+        opt.step()
+    metrics.update(step=step, reward=r.rewards.mean().item(), loss=loss.item(),
+                   turns=r.turns.float().mean().item(), tokens=int(r.attention_mask.sum()),
+                   gen_tokens=int(r.gen_mask.sum()), **stats,
+                   answered=sum(a is not None for a in r.answers) / len(r.answers))
+    metrics["em"] = metrics["reward"]   # the reward is exact match
+    if world_size > 1:
+        keys = sorted(k for k, v in metrics.items() if isinstance(v, (int, float)) and k != "step")
+        vals = torch.tensor([float(metrics[k]) for k in keys], dtype=torch.float64, device=device)
+        dist.all_reduce(vals)
+        metrics.update({k: v / world_size for k, v in zip(keys, vals.tolist())})
+    metrics.update(step_s=time.perf_counter() - t0, rollout_s=t_rollout, teacher_s=t_teacher)
+    return metrics
+
+
+def main(argv):
+    defaults = {k: globals()[k] for k in CONFIG_KEYS}
+    cfg, resume = parse_overrides(argv, defaults)
+    ddp = "RANK" in os.environ and "WORLD_SIZE" in os.environ
+    if ddp:
+        dist.init_process_group("nccl" if torch.cuda.is_available() and cfg["DEVICE"] != "cpu" else "gloo")
+    rank, world_size = (dist.get_rank(), dist.get_world_size()) if ddp else (0, 1)
+    if cfg["QUESTIONS_PER_STEP"] % world_size:
+        raise SystemExit(f"QUESTIONS_PER_STEP={cfg['QUESTIONS_PER_STEP']} must divide by the "
+                         f"{world_size} processes")
+    device, dtype = pick_device(cfg)
+    torch.set_num_threads(max(1, (os.cpu_count() or 1) // world_size))
+    os.makedirs(cfg["OUT_DIR"], exist_ok=True)
+    if rank == 0:
+        print(json.dumps(cfg))
+
+    # 1. tokenizer and model
+    seed_everything(cfg["SEED"])
+    if cfg["MODEL"] in M.SIZES:
+        tokenizer = M.build_tokenizer(M.tokenizer_texts())
+        lm = M.build_model(tokenizer, cfg["MODEL"], seed=cfg["SEED"])
+    else:
+        lm, tokenizer = M.load_model(cfg["MODEL"])
+    lm.to(device)
+
+    # 2. supervised warm-up (shared by GRPO and EviSD runs of the same seed)
+    sft_path = supervised_warmup(cfg, lm, tokenizer, device, dtype, rank)
+    ref = None
+    if cfg["KL_COEF"] > 0:
+        ref = M.AutoModelForCausalLM.from_pretrained(sft_path).to(device).eval().requires_grad_(False)
+
+    # 3. RL, resumable
+    opt = torch.optim.AdamW(lm.parameters(), lr=cfg["LR"], weight_decay=0.0)
+    start, bad_steps = 0, 0
+    ckpt = latest_checkpoint(cfg["OUT_DIR"]) if resume else None
+    if ckpt:
+        lm.load_state_dict(M.AutoModelForCausalLM.from_pretrained(ckpt).state_dict())
+        state = torch.load(os.path.join(ckpt, "state.pt"), weights_only=False)
+        opt.load_state_dict(state["optimizer"])
+        start, bad_steps = state["step"], state["bad_steps"]
+        if rank == 0:
+            print(f"resumed from {ckpt} at step {start}")
+    elif resume and rank == 0:
+        print(f"--resume: no checkpoint in {cfg['OUT_DIR']}, starting fresh")
+    policy = SyncedPolicy(lm)
+    if ddp:
+        policy = torch.nn.parallel.DistributedDataParallel(policy)
+    log_path = os.path.join(cfg["OUT_DIR"], "metrics.jsonl")
+    if rank == 0:  # keep only the lines up to the checkpoint we continue from
+        kept = []
+        if start and os.path.exists(log_path):
+            kept = [l for l in open(log_path)
+                    if json.loads(l)["step"] < start or (json.loads(l)["step"] == start and "eval" in l)]
+        with open(log_path, "w") as f:
+            f.writelines(kept)
+        with open(os.path.join(cfg["OUT_DIR"], "config.json"), "w") as f:
+            json.dump(cfg, f, indent=1)
+
+    def save(step):
+        if rank == 0:
+            atomic_save(os.path.join(cfg["OUT_DIR"], f"ckpt-{step:06d}"), lm, tokenizer,
+                        {"optimizer": opt.state_dict(), "step": step, "bad_steps": bad_steps,
+                         "config": cfg, "sft_path": sft_path})
+            for old in sorted(n for n in os.listdir(cfg["OUT_DIR"]) if n.startswith("ckpt-"))[:-1]:
+                shutil.rmtree(os.path.join(cfg["OUT_DIR"], old), ignore_errors=True)
+
+    def evaluate(step):
+        em = heldout_em(lm, tokenizer, cfg, n=cfg["EVAL_QUESTIONS"], device=device, dtype=dtype)
+        row = {"step": step, "eval": True, **{f"eval_{k}": v for k, v in em.items()}}
+        with open(log_path, "a") as f:
+            f.write(json.dumps(row) + "\n")
+        return em
+
+    step = start
+    bar = tqdm(range(start, cfg["RL_STEPS"]), desc=cfg["METHOD"], disable=rank != 0, dynamic_ncols=True)
+    try:
+        if start == 0 and cfg["EVAL_EVERY"] and rank == 0:
+            em = evaluate(0)
+            bar.write(f"step 0 (warm-up): held-out EM {em}")
+        for step in bar:
+            m = rl_step(cfg, step, policy, lm, ref, tokenizer, opt, device, dtype, rank, world_size)
+            bad_steps = bad_steps + 1 if m.get("nonfinite_loss") else 0
+            if rank == 0:
+                with open(log_path, "a") as f:
+                    f.write(json.dumps(m) + "\n")
+                bar.set_postfix(reward=f"{m['reward']:.2f}", em=f"{m['em']:.2f}", kl=f"{m['kl']:.3f}")
+            if bad_steps >= MAX_BAD_STEPS:
+                raise SystemExit(f"stopping: {bad_steps} consecutive steps had a NaN/inf loss "
+                                 "(updates skipped); try a lower LR or DTYPE=float32")
+            done = step + 1
+            if cfg["EVAL_EVERY"] and rank == 0 and (done % cfg["EVAL_EVERY"] == 0 or done == cfg["RL_STEPS"]):
+                bar.write(f"step {done}: held-out EM {evaluate(done)}")
+            if (cfg["CKPT_EVERY"] and done % cfg["CKPT_EVERY"] == 0) or done == cfg["RL_STEPS"]:
+                save(done)
+            step = done
+    except KeyboardInterrupt:
+        print(f"\ninterrupted: saving step {step} to {cfg['OUT_DIR']}")
+        save(step)
+    if cfg["RL_STEPS"] == 0:
+        save(0)
+    if ddp:
+        dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
