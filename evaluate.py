@@ -144,7 +144,7 @@ def show_episodes(run_dir, k, html_path):
     adv = grpo.group_advantages(r.rewards, 4)
     with torch.no_grad():
         lp_s = M.token_logprobs(lm, r.input_ids, r.attention_mask, r.gen_mask)
-    lp_t = evisd.teacher_logprobs(lm, evisd.teacher_inputs(r, world, tok), r.input_ids.shape)
+    lp_t = evisd.teacher_logprobs(lm, evisd.teacher_inputs(r, world, tok), lp_s)
     token_adv, _ = evisd.evisd_advantages(adv, lp_s, lp_t, r.gen_mask, r.action_kind, cfg["EVISD_EPS"])
     tty = sys.stdout.isatty()
     pages = []

@@ -83,8 +83,9 @@ def _row(rollouts, i):
     return tr
 
 
-def teacher_inputs(rollouts, world, tokenizer, use_search=True, use_answer=True):
-    """The teacher batch: one privileged sequence per episode, right-padded.
+def teacher_inputs(rollouts, world, tokenizer, use_search=True, use_answer=True, rows=None):
+    """The teacher batch: one privileged sequence per episode (or per episode in ``rows``),
+    right-padded.
 
     Returns a dict of [N, T'] tensors: input_ids, attention_mask, score_mask (1 on the
     teacher positions of the student's action tokens of the selected kinds) and student_pos
@@ -92,36 +93,36 @@ def teacher_inputs(rollouts, world, tokenizer, use_search=True, use_answer=True)
     is cut after its last scored token: nothing after it can change a score.
     """
     kinds = [KIND_IDS["search"]] * use_search + [KIND_IDS["answer"]] * use_answer
-    rows = []
-    for i, q in enumerate(rollouts.questions):
-        evidence_ids, answer_ids = privileged_ids(tokenizer, q, world)
+    seqs = []
+    for i in range(len(rollouts.questions)) if rows is None else rows:
+        evidence_ids, answer_ids = privileged_ids(tokenizer, rollouts.questions[i], world)
         tr, pos = insert_privileged(_row(rollouts, i), evidence_ids, answer_ids, use_search, use_answer)
         score = [int(k in kinds) for k in tr.kind]
         last = max([j for j, s in enumerate(score) if s], default=0) + 1
-        rows.append((tr.ids[:last], score[:last], pos[:last]))
-    T = max(len(r[0]) for r in rows)
+        seqs.append((tr.ids[:last], score[:last], pos[:last]))
+    T = max(len(s[0]) for s in seqs)
 
     def pad(values, fill):
         return torch.tensor([v + [fill] * (T - len(v)) for v in values], dtype=torch.long)
 
-    return dict(input_ids=pad([r[0] for r in rows], tokenizer.pad_token_id),
-                attention_mask=pad([[1] * len(r[0]) for r in rows], 0),
-                score_mask=pad([r[1] for r in rows], 0),
-                student_pos=pad([r[2] for r in rows], -1))
+    return dict(input_ids=pad([s[0] for s in seqs], tokenizer.pad_token_id),
+                attention_mask=pad([[1] * len(s[0]) for s in seqs], 0),
+                score_mask=pad([s[1] for s in seqs], 0),
+                student_pos=pad([s[2] for s in seqs], -1))
 
 
 @torch.no_grad()
-def teacher_logprobs(model, batch, student_shape, temperature=1.0):
+def teacher_logprobs(model, batch, logp_student, temperature=1.0):
     """Teacher log-probs of the student's action tokens, aligned to student positions [N, T].
 
     One batched no-grad forward; the output projection runs only at the scored positions.
-    Positions the teacher does not score are 0.
+    Positions the teacher does not score keep the student's log-prob (a zero gap).
     """
     device = next(model.parameters()).device
     b = {k: v.to(device) for k, v in batch.items()}
     lp = token_logprobs(model, b["input_ids"], b["attention_mask"], b["score_mask"],
                         temperature=temperature)                        # [N, T']
-    out = torch.zeros(student_shape, dtype=torch.float32, device=device)
+    out = logp_student.detach().float().clone().to(device)             # [N, T]
     rows, cols = b["score_mask"].nonzero(as_tuple=True)
     out[rows, b["student_pos"][rows, cols]] = lp[rows, cols]
     return out

@@ -236,28 +236,30 @@ def supervised_warmup(cfg, lm, tokenizer, device, dtype, rank):
 
 
 # ----------------------------------------------------------------------------- RL
-def rl_step(cfg, step, policy, lm, ref, tokenizer, opt, device, dtype, rank, world_size):
-    """One RL step; returns a dict of metrics (averaged over ranks)."""
-    t0 = time.perf_counter()
+def collect(cfg, step, lm, tokenizer, device, dtype, rank=0, world_size=1):
+    """Sample this step's questions (this rank's shard) and roll out GROUP_SIZE episodes each."""
     seed_everything(cfg["SEED"] * 1_000_003 + step * 101 + rank)  # resume gives the same batch
     world = world_for(cfg["SEED"] * 100_000 + (step if cfg["FRESH_WORLDS"] else 0), cfg)
-    pool = world.split("train")
-    questions = random.Random(cfg["SEED"] * 7 + step).sample(pool, cfg["QUESTIONS_PER_STEP"])
-    questions = questions[rank::world_size]                     # each rank its shard
+    questions = random.Random(cfg["SEED"] * 7 + step).sample(world.split("train"), cfg["QUESTIONS_PER_STEP"])
+    questions = questions[rank::world_size]
     env_factory = lambda q: se.SearchEnv(world, q, max_turns=cfg["MAX_TURNS"], top_k=cfg["TOP_K"])
     with autocast(device, dtype):
         r = M.rollout(lm, tokenizer, env_factory, questions, cfg["GROUP_SIZE"], cfg["MAX_TURNS"],
                       cfg["MAX_NEW_TOKENS"], cfg["TEMPERATURE"])
-    t_rollout = time.perf_counter() - t0
+    return r, world
+
+
+def update(cfg, r, world, policy, lm, ref, tokenizer, opt, device, dtype):
+    """Advantages, (EviSD) teacher re-scoring, and PPO_EPOCHS passes of the policy loss."""
     adv = grpo.group_advantages(r.rewards, cfg["GROUP_SIZE"]).to(device)      # [N]
     b = {k: getattr(r, k).to(device) for k in ("input_ids", "attention_mask", "gen_mask", "action_kind")}
     ref_logp = None
     if cfg["KL_COEF"] > 0:
         with torch.no_grad(), autocast(device, dtype):
             ref_logp = M.token_logprobs(ref, b["input_ids"], b["attention_mask"], b["gen_mask"],
-                                        temperature=cfg["TEMPERATURE"])
+                                        temperature=cfg["TEMPERATURE"])          # [N, T]
     lm.train()
-    metrics, t_teacher, old_logp = {}, 0.0, None
+    metrics, t_teacher = {}, 0.0
     for epoch in range(cfg["PPO_EPOCHS"]):
         with autocast(device, dtype):
             logp = policy(b["input_ids"], b["attention_mask"], b["gen_mask"], cfg["TEMPERATURE"])  # [N, T]
@@ -267,10 +269,15 @@ def rl_step(cfg, step, policy, lm, ref, tokenizer, opt, device, dtype, rank, wor
             old_logp = logp.detach()
             if cfg["METHOD"] == "evisd":
                 t1 = time.perf_counter()
-                batch = evisd.teacher_inputs(r, world, tokenizer, cfg["USE_SEARCH_EVIDENCE"],
-                                             cfg["USE_ANSWER_PRIVILEGE"])
-                with autocast(device, dtype):
-                    lp_teacher = evisd.teacher_logprobs(lm, batch, old_logp.shape, cfg["TEMPERATURE"])
+                # Episodes with A = 0 (groups of equal rewards) get Â = 0 whatever the teacher
+                # says, so only the others are re-scored; the rest keep a zero gap.
+                rows = adv.nonzero().squeeze(1).tolist()
+                lp_teacher = old_logp.clone()
+                if rows:
+                    batch = evisd.teacher_inputs(r, world, tokenizer, cfg["USE_SEARCH_EVIDENCE"],
+                                                 cfg["USE_ANSWER_PRIVILEGE"], rows=rows)
+                    with autocast(device, dtype):
+                        lp_teacher[rows] = evisd.teacher_logprobs(lm, batch, old_logp[rows], cfg["TEMPERATURE"])
                 token_adv, ev_stats = evisd.evisd_advantages(
                     adv, old_logp, lp_teacher, b["gen_mask"], b["action_kind"], cfg["EVISD_EPS"],
                     cfg["EVISD_TAU"], cfg["USE_SEARCH_EVIDENCE"], cfg["USE_ANSWER_PRIVILEGE"], cfg["BOUNDED"])
@@ -287,17 +294,31 @@ def rl_step(cfg, step, policy, lm, ref, tokenizer, opt, device, dtype, rank, wor
         loss.backward()
         torch.nn.utils.clip_grad_norm_(lm.parameters(), cfg["GRAD_CLIP"])
         opt.step()
-    metrics.update(step=step, reward=r.rewards.mean().item(), loss=loss.item(),
+    metrics.update(reward=r.rewards.mean().item(), loss=loss.item(), **stats,
                    turns=r.turns.float().mean().item(), tokens=int(r.attention_mask.sum()),
-                   gen_tokens=int(r.gen_mask.sum()), **stats,
+                   gen_tokens=int(r.gen_mask.sum()), teacher_s=t_teacher,
                    answered=sum(a is not None for a in r.answers) / len(r.answers))
     metrics["em"] = metrics["reward"]   # the reward is exact match
+    return metrics
+
+
+# Averaged over ranks under DDP; the gap statistics stay those of rank 0's shard.
+REDUCED = ("reward", "em", "loss", "kl", "clip_frac", "ratio", "turns", "answered", "tokens",
+           "gen_tokens", "modulated_frac")
+
+
+def rl_step(cfg, step, policy, lm, ref, tokenizer, opt, device, dtype, rank=0, world_size=1):
+    """One RL step: collect, then update. Returns the step's metrics."""
+    t0 = time.perf_counter()
+    r, world = collect(cfg, step, lm, tokenizer, device, dtype, rank, world_size)
+    t_rollout = time.perf_counter() - t0
+    metrics = update(cfg, r, world, policy, lm, ref, tokenizer, opt, device, dtype)
     if world_size > 1:
-        keys = sorted(k for k, v in metrics.items() if isinstance(v, (int, float)) and k != "step")
+        keys = [k for k in REDUCED if k in metrics]
         vals = torch.tensor([float(metrics[k]) for k in keys], dtype=torch.float64, device=device)
         dist.all_reduce(vals)
         metrics.update({k: v / world_size for k, v in zip(keys, vals.tolist())})
-    metrics.update(step_s=time.perf_counter() - t0, rollout_s=t_rollout, teacher_s=t_teacher)
+    metrics.update(step=step, step_s=time.perf_counter() - t0, rollout_s=t_rollout)
     return metrics
 
 
@@ -403,6 +424,7 @@ def main(argv):
         save(0)
     if ddp:
         dist.destroy_process_group()
+    return lm
 
 
 if __name__ == "__main__":

@@ -147,15 +147,18 @@ def test_teacher_logprobs_align_with_a_manual_forward(setup):
     r = M.Rollouts(**b, rewards=torch.tensor([1.0, 0.0]), answers=[None, None],
                    turns=torch.tensor([3, 3]), questions=[q, q])
     batch = evisd.teacher_inputs(r, world, tok)
-    lp_t = evisd.teacher_logprobs(lm, batch, r.input_ids.shape)
+    lp_s = torch.full(r.input_ids.shape, -7.0)
+    lp_t = evisd.teacher_logprobs(lm, batch, lp_s)
     ev, ans = evisd.privileged_ids(tok, q, world)
     teacher, pos = evisd.insert_privileged(tr, ev, ans)
     full = M.token_logprobs(lm, torch.tensor([teacher.ids]), torch.ones(1, len(teacher.ids), dtype=torch.long))[0]
     scored = (r.action_kind[0] > 0)
-    assert scored.sum() > 0 and (lp_t[0][~scored] == 0).all()
+    assert scored.sum() > 0 and (lp_t[0][~scored] == -7.0).all()   # unscored: the student's value
     for j, p in enumerate(pos):
         if p >= 0 and scored[p]:
             assert lp_t[0, p].item() == pytest.approx(full[j].item(), abs=1e-5)
     assert torch.allclose(lp_t[0], lp_t[1])
+    sub = evisd.teacher_inputs(r, world, tok, rows=[1])               # only some episodes
+    assert torch.allclose(evisd.teacher_logprobs(lm, sub, lp_s[1:]), lp_t[1:], atol=1e-6)
     # The teacher batch is cut after the last scored token.
     assert batch["input_ids"].shape[1] == max(j for j, p in enumerate(pos) if p >= 0 and scored[p]) + 1
