@@ -11,6 +11,7 @@ import argparse
 import html
 import json
 import os
+import random
 import re
 import sys
 
@@ -24,10 +25,8 @@ SPLITS = ("test", "ood")
 
 def heldout_questions(cfg, split, n):
     """The first n questions of a split of the held-out world (a fixed, seeded sample)."""
-    import train  # the world's size lives in the run's config
-    world = train.world_for(cfg["EVAL_SEED"], cfg)
+    world = se.make_world(cfg["EVAL_SEED"], scale=cfg["WORLD_SCALE"])
     qs = world.split(split)
-    import random
     qs = random.Random(cfg["EVAL_SEED"]).sample(qs, min(n, len(qs)))
     return world, qs
 
@@ -35,12 +34,11 @@ def heldout_questions(cfg, split, n):
 @torch.no_grad()
 def heldout_em(lm, tokenizer, cfg, n=100, splits=SPLITS, device=None, dtype=torch.float32):
     """Greedy EM per split and their macro-average."""
-    import train
     out = {}
     for split in splits:
         world, qs = heldout_questions(cfg, split, n)
         env = lambda q: se.SearchEnv(world, q, max_turns=cfg["MAX_TURNS"], top_k=cfg["TOP_K"])
-        with train.autocast(device or torch.device("cpu"), dtype):
+        with M.autocast(device or torch.device("cpu"), dtype):
             r = M.rollout(lm, tokenizer, env, qs, group_size=1, max_turns=cfg["MAX_TURNS"],
                           max_new_tokens=cfg["MAX_NEW_TOKENS"], greedy=True)
         out[split] = round(r.rewards.mean().item(), 4)
@@ -48,10 +46,16 @@ def heldout_em(lm, tokenizer, cfg, n=100, splits=SPLITS, device=None, dtype=torc
     return out
 
 
+def latest_checkpoint(out_dir):
+    """The newest ``ckpt-NNNNNN`` directory of a run, or None."""
+    names = sorted(n for n in os.listdir(out_dir) if n.startswith("ckpt-") and n[5:].isdigit()) \
+        if os.path.isdir(out_dir) else []
+    return os.path.join(out_dir, names[-1]) if names else None
+
+
 def load_run(run_dir):
     """(model, tokenizer, config) of a run's latest checkpoint."""
-    import train
-    ckpt = train.latest_checkpoint(run_dir)
+    ckpt = latest_checkpoint(run_dir)
     if ckpt is None:
         raise SystemExit(f"{run_dir}: no checkpoint (ckpt-*) found; has it trained?")
     lm, tok = M.load_model(ckpt, local_files_only=True)

@@ -119,6 +119,12 @@ def load_model(name_or_path, dtype=None, local_files_only=None):
     return model, tokenizer
 
 
+def autocast(device, dtype):
+    """bf16/fp16 mixed precision on CUDA; a no-op on the CPU. Weights stay float32."""
+    enabled = device.type == "cuda" and dtype != torch.float32
+    return torch.autocast(device_type=device.type, dtype=dtype, enabled=enabled)
+
+
 def save_checkpoint_dir(model, tokenizer, path):
     """A normal HF directory: model and tokenizer, loadable with the Auto classes."""
     model.save_pretrained(path)

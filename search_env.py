@@ -296,14 +296,21 @@ def _unique_names(rng, n, make, taken, near_dup_frac):
 
 def make_world(seed=0, n_people=SIZES["n_people"], n_cities=SIZES["n_cities"],
                n_countries=SIZES["n_countries"], n_films=SIZES["n_films"],
-               n_companies=SIZES["n_companies"], near_duplicate_frac=0.3, test_frac=0.2):
+               n_companies=SIZES["n_companies"], near_duplicate_frac=0.3, test_frac=0.2, scale=1.0):
     """A deterministic synthetic world: one document per entity and its questions.
+
+    ``scale`` multiplies every entity count (at least 4 of each), for smaller or larger worlds.
 
     Splits: ``train`` and ``test`` hold 1- and 2-hop questions whose first entity is disjoint
     (so no answer chain is shared); ``ood`` holds 3-hop compositions. Facts are stated only in
     the subject's document, so a 2-hop question's second document is not surfaced by a search
     with the question text, and its answer is not in its first document.
     """
+    if not isinstance(scale, (int, float)) or scale <= 0:
+        raise ValueError(f"make_world: scale must be a number > 0, got {scale!r}")
+    if scale != 1.0:
+        n_people, n_cities, n_countries, n_films, n_companies = (
+            max(4, round(n * scale)) for n in (n_people, n_cities, n_countries, n_films, n_companies))
     for name, value, low in (("n_people", n_people, 4), ("n_cities", n_cities, 3),
                              ("n_countries", n_countries, 2), ("n_films", n_films, 1),
                              ("n_companies", n_companies, 1)):

@@ -29,7 +29,8 @@ import evisd
 import grpo
 import model as M
 import search_env as se
-from evaluate import heldout_em
+from evaluate import heldout_em, latest_checkpoint
+from model import autocast
 
 # ----------------------------------------------------------------------------- config
 # model
@@ -42,14 +43,14 @@ WORLD_SCALE = 1.0            # multiplies the default entity counts of search_en
 TOP_K = 3                    # documents returned per search
 MAX_TURNS = 4                # generated turns per episode
 # supervised warm-up
-SFT_STEPS = 400
+SFT_STEPS = 800
 SFT_BATCH = 16
 SFT_LR = 3e-3
 SFT_NOISE = 0.4              # chance that an expert demonstration makes one mistake
 SFT_PRIVILEGED_FRAC = -1.0   # clean experts shown in the teacher's context; -1 = auto (0.3 tiny, 0 HF)
 SFT_DIR = "out/sft"          # warm-up checkpoints, one per (seed, model, world, SFT settings)
 # RL
-RL_STEPS = 100
+RL_STEPS = 50
 QUESTIONS_PER_STEP = 8
 GROUP_SIZE = 8
 LR = 5e-4
@@ -117,11 +118,6 @@ def parse_overrides(argv, defaults):
 
 
 # ----------------------------------------------------------------------------- helpers
-def world_for(seed, cfg):
-    sizes = {k: max(round(v * cfg["WORLD_SCALE"]), 4) for k, v in se.SIZES.items()}
-    return se.make_world(seed=seed, **sizes)
-
-
 def seed_everything(seed):
     random.seed(seed)
     np.random.seed(seed % 2**32)
@@ -141,12 +137,6 @@ def pick_device(cfg):
     return torch.device(device), getattr(torch, dtype)
 
 
-def autocast(device, dtype):
-    """Mixed precision on CUDA; the weights and the optimizer state stay float32."""
-    enabled = device.type == "cuda" and dtype != torch.float32
-    return torch.autocast(device_type=device.type, dtype=dtype, enabled=enabled)
-
-
 def atomic_save(path, model, tokenizer, state):
     """Write a checkpoint directory under a temporary name, then rename it into place."""
     tmp = path + ".tmp"
@@ -158,12 +148,6 @@ def atomic_save(path, model, tokenizer, state):
         os.replace(path, old)
     os.replace(tmp, path)
     shutil.rmtree(old, ignore_errors=True)
-
-
-def latest_checkpoint(out_dir):
-    names = sorted(n for n in os.listdir(out_dir) if n.startswith("ckpt-") and n[5:].isdigit()) \
-        if os.path.isdir(out_dir) else []
-    return os.path.join(out_dir, names[-1]) if names else None
 
 
 class SyncedPolicy(torch.nn.Module):
@@ -182,7 +166,7 @@ def sft_batch(cfg, tokenizer, step, privileged_frac):
     """Expert episodes from one fresh world: noisy ones as they are, and a fraction of clean
     ones under EviSD's privileged context, so the model learns to read that context."""
     rng = random.Random(cfg["SEED"] * 7919 + step)
-    world = world_for(2_000_000 + cfg["SEED"] * 100_000 + step, cfg)
+    world = se.make_world(2_000_000 + cfg["SEED"] * 100_000 + step, scale=cfg["WORLD_SCALE"])
     questions = world.split("train")
     transcripts = []
     for _ in range(cfg["SFT_BATCH"]):
@@ -239,7 +223,7 @@ def supervised_warmup(cfg, lm, tokenizer, device, dtype, rank):
 def collect(cfg, step, lm, tokenizer, device, dtype, rank=0, world_size=1):
     """Sample this step's questions (this rank's shard) and roll out GROUP_SIZE episodes each."""
     seed_everything(cfg["SEED"] * 1_000_003 + step * 101 + rank)  # resume gives the same batch
-    world = world_for(cfg["SEED"] * 100_000 + (step if cfg["FRESH_WORLDS"] else 0), cfg)
+    world = se.make_world(cfg["SEED"] * 100_000 + (step if cfg["FRESH_WORLDS"] else 0), scale=cfg["WORLD_SCALE"])
     questions = random.Random(cfg["SEED"] * 7 + step).sample(world.split("train"), cfg["QUESTIONS_PER_STEP"])
     questions = questions[rank::world_size]
     env_factory = lambda q: se.SearchEnv(world, q, max_turns=cfg["MAX_TURNS"], top_k=cfg["TOP_K"])

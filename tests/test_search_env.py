@@ -209,6 +209,7 @@ def test_noisy_experts_are_imperfect(world):
     (dict(n_people=1), "n_people"), (dict(n_cities=0), "n_cities"),
     (dict(n_countries=1.5), "n_countries"), (dict(n_films=-1), "n_films"),
     (dict(near_duplicate_frac=1.5), "near_duplicate_frac"), (dict(test_frac=-0.1), "test_frac"),
+    (dict(scale=0), "scale"),
 ])
 def test_make_world_rejects_bad_arguments(kwargs, name):
     with pytest.raises(ValueError, match=name):

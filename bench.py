@@ -1,0 +1,134 @@
+"""Measure what EviSD costs beside GRPO, and what multi-turn rollouts cost beside one generate.
+
+    python bench.py                       # tiny and small embedded configs, random weights
+    python bench.py --model out/sft-XXXX  # a trained checkpoint: real episode lengths and actions
+    python bench.py --sizes tiny --repeats 3
+
+For each config, on one batch of QUESTIONS x GROUP episodes:
+* rollout tokens/s of ``model.rollout`` beside one plain ``model.generate`` call that writes the
+  same number of tokens (forced with min_new_tokens);
+* teacher re-scoring seconds, and the update (advantages, [teacher], loss, backward, AdamW)
+  for METHOD=grpo and METHOD=evisd on the same batch, through train.update;
+* the full step = rollout + update, and peak memory.
+With random weights the update batch is made of noisy expert episodes (real lengths, real action
+spans, mixed rewards), because an untrained model writes no actions for the teacher to score.
+Warm-up first, then the median of ``--repeats`` timed runs. The last line prints the ratios.
+"""
+import argparse
+import copy
+import resource
+import statistics
+import time
+
+import torch
+
+import model as M
+import search_env as se
+import train
+
+
+def timed(fn, repeats):
+    fn()                                              # warm-up (allocations, kernels)
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        out = fn()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times), out
+
+
+def expert_rollouts(cfg, tok, world, questions, seed=0):
+    """Noisy expert episodes packed like Rollouts: what a warmed-up policy produces."""
+    import random
+    rng = random.Random(seed)
+    episodes = [q for q in questions for _ in range(cfg["GROUP_SIZE"])]
+    eps = [se.expert_episode(q, world, noise=0.5, rng=rng, max_turns=cfg["MAX_TURNS"]) for q in episodes]
+    trs = [M.encode_episode(tok, M.render_prompt(tok, q), e.turns, e.observations) for q, e in zip(episodes, eps)]
+    return M.Rollouts(**M.collate(trs, tok.pad_token_id), rewards=torch.tensor([e.reward for e in eps]),
+                      answers=[e.answer for e in eps], turns=torch.tensor([len(e.turns) for e in eps]),
+                      questions=episodes)
+
+
+def bench_config(name, lm, tok, cfg, device, dtype, repeats, trained):
+    lm.to(device)
+    world = se.make_world(123, scale=cfg["WORLD_SCALE"])
+    questions = world.split("train")[:cfg["QUESTIONS_PER_STEP"]]
+    env = lambda q: se.SearchEnv(world, q, max_turns=cfg["MAX_TURNS"], top_k=cfg["TOP_K"])
+
+    def do_rollout():
+        torch.manual_seed(0)
+        with M.autocast(device, dtype):
+            return M.rollout(lm, tok, env, questions, cfg["GROUP_SIZE"], cfg["MAX_TURNS"],
+                             cfg["MAX_NEW_TOKENS"], cfg["TEMPERATURE"])
+    rollout_s, r = timed(do_rollout, repeats)
+    gen_tokens = int(r.gen_mask.sum())
+
+    # One plain generate call writing the same number of tokens from the same prompts.
+    prompts = [tok.encode(M.render_prompt(tok, q)) for q in questions for _ in range(cfg["GROUP_SIZE"])]
+    L = max(map(len, prompts))
+    ids = torch.tensor([[tok.pad_token_id] * (L - len(p)) + p for p in prompts], device=device)
+    mask = (ids != tok.pad_token_id).long()
+    per_row = max(1, round(gen_tokens / len(prompts)))
+
+    def do_generate():
+        torch.manual_seed(0)
+        with torch.no_grad(), M.autocast(device, dtype):
+            return lm.generate(input_ids=ids, attention_mask=mask, do_sample=True, top_k=0,
+                               max_new_tokens=per_row, min_new_tokens=per_row, pad_token_id=tok.pad_token_id)
+    generate_s, _ = timed(do_generate, repeats)
+
+    batch = r if trained else expert_rollouts(cfg, tok, world, questions)
+    ref = copy.deepcopy(lm).eval().requires_grad_(False)
+    results = {}
+    for method in ("grpo", "evisd"):
+        c = dict(cfg, METHOD=method)
+        policy = copy.deepcopy(lm)          # the same starting weights for both methods
+        opt = torch.optim.AdamW(policy.parameters(), lr=c["LR"])
+        wrapped = train.SyncedPolicy(policy)
+        results[method] = timed(lambda: train.update(c, batch, world, wrapped, policy, ref, tok, opt, device, dtype),
+                                repeats)
+    if device.type == "cuda":
+        peak = f"{torch.cuda.max_memory_allocated() / 2**20:.0f} MiB (GPU)"
+    else:
+        peak = f"{resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:.0f} MiB (RSS)"
+    grpo_update, (evisd_update, ev_metrics) = results["grpo"][0], results["evisd"]
+    return dict(config=name, params=sum(p.numel() for p in lm.parameters()), episodes=len(prompts),
+                update_tokens=int(batch.attention_mask.sum()), gen_tokens=gen_tokens,
+                rollout_tok_s=gen_tokens / rollout_s, generate_tok_s=per_row * len(prompts) / generate_s,
+                rollout_s=rollout_s, teacher_s=ev_metrics["teacher_s"],
+                modulated_frac=ev_metrics.get("modulated_frac", 0.0),
+                grpo_step_s=rollout_s + grpo_update, evisd_step_s=rollout_s + evisd_update, peak=peak)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--sizes", default="tiny,small", help="embedded configs to measure")
+    ap.add_argument("--model", default=None, help="a trained HF checkpoint directory instead")
+    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--device", default="auto")
+    args = ap.parse_args()
+    cfg = {k: getattr(train, k) for k in train.CONFIG_KEYS}
+    cfg["DEVICE"] = args.device
+    device, dtype = train.pick_device(cfg)
+    rows = []
+    if args.model:
+        lm, tok = M.load_model(args.model, local_files_only=True)
+        rows.append(bench_config(args.model, lm, tok, cfg, device, dtype, args.repeats, trained=True))
+    else:
+        tok = M.build_tokenizer(M.tokenizer_texts())
+        for size in args.sizes.split(","):
+            rows.append(bench_config(size, M.build_model(tok, size), tok, cfg, device, dtype,
+                                     args.repeats, trained=False))
+    cols = ["config", "params", "episodes", "update_tokens", "rollout_tok_s", "generate_tok_s",
+            "rollout_s", "teacher_s", "grpo_step_s", "evisd_step_s", "modulated_frac", "peak"]
+    print(f"device={device} dtype={dtype} repeats={args.repeats} (median)")
+    print("| " + " | ".join(cols) + " |\n" + "|---" * len(cols) + "|")
+    for row in rows:
+        print("| " + " | ".join(f"{row[c]:.3f}" if isinstance(row[c], float) else str(row[c]) for c in cols) + " |")
+    step_ratio = statistics.mean(r["evisd_step_s"] / r["grpo_step_s"] for r in rows)
+    gen_ratio = statistics.mean(r["rollout_tok_s"] / r["generate_tok_s"] for r in rows)
+    print(f"evisd_step_over_grpo_step={step_ratio:.2f} rollout_over_generate={gen_ratio:.2f}")
+
+
+if __name__ == "__main__":
+    main()
