@@ -34,7 +34,7 @@ def tokenizer_texts(seeds=(0, 1, 2, 3)):
     texts = [se.INSTRUCTION, " ".join(se.SYLLABLES), se.INVALID_OBSERVATION]
     for seed in seeds:
         world = se.make_world(seed=seed)
-        texts += [f"[{d.title}] {d.text}" for d in world.docs]
+        texts += [se.format_information(world.docs[i:i + 3]) for i in range(0, len(world.docs), 3)]
         for q in world.questions[::4]:
             ep = se.expert_episode(q, world)
             texts += [se.SearchEnv(world, q).prompt()] + ep.turns

@@ -203,7 +203,9 @@ def format_information(docs):
     its gold evidence with this same function, so both look alike to the model."""
     if not docs:
         return f"{INFO} no results. {INFO_END}"
-    body = " ".join(f"[{d.title}] {d.text}" for d in docs)
+    # "title: text", never "[title]": byte-level BPE spells a word differently right after
+    # punctuation than after a space, and the title must look like the query that found it.
+    body = " ".join(f"{d.title}: {d.text}" for d in docs)
     return f"{INFO} {body} {INFO_END}"
 
 
@@ -537,12 +539,12 @@ if __name__ == "__main__":
     print("questions per split:", {s: len(world.split(s)) for s in ("train", "test", "ood")})
     print("\n-- three documents")
     for d in world.docs[:2] + world.docs[-1:]:
-        print(f"  {d.id} [{d.title}] {d.text}")
+        print(f"  {d.id} {d.title}: {d.text}")
     for split in ("train", "test", "ood"):
         q = [q for q in world.split(split) if q.hops == {"train": 2, "test": 1, "ood": 3}[split]][0]
         print(f"\n-- a {split} question ({q.hops} hops): {q.question}  ->  {q.answers}")
         for i in q.evidence:
-            print(f"  evidence {i}: [{world.doc_by_id[i].title}] {world.doc_by_id[i].text}")
+            print(f"  evidence {i}: {world.doc_by_id[i].title}: {world.doc_by_id[i].text}")
     q = world.split("train")[len(world.split("train")) // 2]
     ep = expert_episode(q, world)
     print(f"\n-- an expert episode for: {q.question}")

@@ -43,14 +43,14 @@ WORLD_SCALE = 1.0            # multiplies the default entity counts of search_en
 TOP_K = 3                    # documents returned per search
 MAX_TURNS = 4                # generated turns per episode
 # supervised warm-up
-SFT_STEPS = 800
+SFT_STEPS = 1600
 SFT_BATCH = 16
 SFT_LR = 3e-3
 SFT_NOISE = 0.4              # chance that an expert demonstration makes one mistake
 SFT_PRIVILEGED_FRAC = -1.0   # clean experts shown in the teacher's context; -1 = auto (0.3 tiny, 0 HF)
 SFT_DIR = "out/sft"          # warm-up checkpoints, one per (seed, model, world, SFT settings)
 # RL
-RL_STEPS = 50
+RL_STEPS = 40
 QUESTIONS_PER_STEP = 8
 GROUP_SIZE = 8
 LR = 5e-4
@@ -67,8 +67,8 @@ USE_SEARCH_EVIDENCE = True   # gold evidence before search actions
 USE_ANSWER_PRIVILEGE = True  # golden answer before the answer action
 BOUNDED = True               # False: drop the clip (ablation)
 # evaluation and I/O
-EVAL_EVERY = 25
-EVAL_QUESTIONS = 100         # per held-out split
+EVAL_EVERY = 20
+EVAL_QUESTIONS = 50         # per held-out split
 EVAL_SEED = 1_000_000        # held-out world; training worlds use seeds below this
 CKPT_EVERY = 50
 OUT_DIR = "out/run"

@@ -186,7 +186,7 @@ def test_format_information_is_the_single_format(world):
     block = se.format_information(docs)
     assert block.startswith(se.INFO) and block.endswith(se.INFO_END)
     for d in docs:
-        assert f"[{d.title}] {d.text}" in block
+        assert f" {d.title}: {d.text}" in block
     assert se.format_information([]) == "<information> no results. </information>"
 
 
