@@ -123,39 +123,60 @@ def _check_masks(r, tok, world):
         assert len(runs) == max(0, int(r.turns[i]) - 1)
 
 
-def _expert_model(tok, world, steps=60):
-    """A tiny model briefly fitted to expert transcripts, so rollouts contain real actions."""
-    torch.manual_seed(0)
-    lm = M.build_model(tok, "tiny")
-    opt = torch.optim.AdamW(lm.parameters(), lr=2e-2)
-    trs = []
-    for q in [q for q in world.split("train") if q.hops == 1][:6]:
-        ep = se.expert_episode(q, world)
-        trs.append(M.encode_episode(tok, M.render_prompt(tok, q), ep.turns, ep.observations))
-    b = M.collate(trs, tok.pad_token_id)
-    for _ in range(steps):
-        lp = M.token_logprobs(lm, b["input_ids"], b["attention_mask"], score_mask=b["gen_mask"])
-        loss = -(lp * b["gen_mask"]).sum() / b["gen_mask"].sum()
-        opt.zero_grad(); loss.backward(); opt.step()
-    return lm.eval()
+class ScriptedLM(torch.nn.Module):
+    """A stand-in policy whose generate() writes a fixed script: an invalid turn, a search,
+    then an answer, each followed by junk after the stop token (which rollout must cut)."""
+
+    def __init__(self, tok):
+        super().__init__()
+        self.w = torch.nn.Parameter(torch.zeros(1))
+        self.tok = tok
+        self.script = ["<think> hmm </think> no tag", "<think> i need x. </think><search> kalo mira </search>",
+                       "<think> ok. </think><answer> velmar </answer>"]
+
+    def generate(self, input_ids, attention_mask, generation_config):
+        info = self.tok.convert_tokens_to_ids(se.INFO)
+        rows = []
+        for row in input_ids.tolist():
+            turn = min(row.count(info), 2)
+            rows.append(self.tok.encode(self.script[turn]) + ([] if turn == 0 else [7, 8]))
+        width = max(map(len, rows))
+        new = [r + [self.tok.pad_token_id] * (width - len(r)) for r in rows]
+        return torch.cat([input_ids, torch.tensor(new)], dim=1)
 
 
-@pytest.fixture(scope="module")
-def trained(tok, world):
-    return _expert_model(tok, world)
-
-
-def test_rollout_masks_on_random_and_trained_models(tok, lm, trained, world):
+def test_rollout_masks_on_random_and_scripted_models(tok, lm, world):
     qs = world.split("train")[:4]
-    for policy in (lm, trained):
+    for policy in (lm, ScriptedLM(tok)):
         torch.manual_seed(0)
         r = M.rollout(policy, tok, lambda q: se.SearchEnv(world, q, max_turns=3), qs,
                       group_size=3, max_turns=3, max_new_tokens=24)
         assert r.input_ids.shape[0] == 12 and (r.turns <= 3).all() and (r.turns >= 1).all()
         assert r.questions[3] is qs[1]
         _check_masks(r, tok, world)
-    kinds = {k for spans in r.spans for _, _, k, _ in spans}
-    assert "search" in kinds      # the briefly trained model really acts
+    assert all([k for _, _, k, _ in s] == ["invalid", "search", "answer"] for s in r.spans)
+    assert r.answers == ["velmar"] * 12 and (r.turns == 3).all()
+    s, e, _, _ = r.spans[0][1]
+    assert tok.decode(r.input_ids[0, s:e]) == "<search> kalo mira </search>"   # junk was cut
+    assert (r.action_kind[0, s:e] == M.KIND_IDS["search"]).all()
+
+
+@pytest.fixture(scope="module")
+def trained(tok, world):
+    """A tiny model briefly fitted to expert transcripts."""
+    torch.manual_seed(0)
+    lm = M.build_model(tok, "tiny")
+    opt = torch.optim.AdamW(lm.parameters(), lr=1e-2)
+    trs = []
+    for q in [q for q in world.split("train") if q.hops == 1][:6]:
+        ep = se.expert_episode(q, world)
+        trs.append(M.encode_episode(tok, M.render_prompt(tok, q), ep.turns, ep.observations))
+    b = M.collate(trs, tok.pad_token_id)
+    for _ in range(30):
+        lp = M.token_logprobs(lm, b["input_ids"], b["attention_mask"], score_mask=b["gen_mask"])
+        loss = -(lp * b["gen_mask"]).sum() / b["gen_mask"].sum()
+        opt.zero_grad(); loss.backward(); opt.step()
+    return lm.eval()
 
 
 def test_rollout_respects_max_turns(tok, lm, world):
