@@ -24,7 +24,7 @@ SPLITS = ("test", "ood")
 
 
 def heldout_questions(cfg, split, n):
-    """The first n questions of a split of the held-out world (a fixed, seeded sample)."""
+    """n questions of a split of the held-out world: a fixed sample, seeded by EVAL_SEED."""
     world = se.make_world(cfg["EVAL_SEED"], scale=cfg["WORLD_SCALE"])
     qs = world.split(split)
     qs = random.Random(cfg["EVAL_SEED"]).sample(qs, min(n, len(qs)))

@@ -11,6 +11,7 @@ then the RL loop: rollout -> rewards -> group advantages -> (EviSD: teacher re-s
 bounded correction) -> clipped policy loss -> AdamW.
 """
 import ast
+import copy
 import hashlib
 import json
 import math
@@ -150,6 +151,11 @@ def atomic_save(path, model, tokenizer, state):
     shutil.rmtree(old, ignore_errors=True)
 
 
+def load_weights(lm, path):
+    """Copy the weights of the HF checkpoint at ``path`` into ``lm`` in place."""
+    lm.load_state_dict(M.AutoModelForCausalLM.from_pretrained(path).state_dict())
+
+
 class SyncedPolicy(torch.nn.Module):
     """The policy's log-prob forward as a module, so DDP can wrap it and sync gradients."""
 
@@ -191,7 +197,7 @@ def supervised_warmup(cfg, lm, tokenizer, device, dtype, rank):
     tag = hashlib.sha1(json.dumps([cfg[k] for k in keys] + [frac]).encode()).hexdigest()[:10]
     path = f"{cfg['SFT_DIR']}-{tag}"
     if os.path.isdir(path):
-        lm.load_state_dict(M.AutoModelForCausalLM.from_pretrained(path).state_dict())
+        load_weights(lm, path)
         return path
     if rank == 0:
         opt = torch.optim.AdamW(lm.parameters(), lr=cfg["SFT_LR"], weight_decay=0.0)
@@ -207,7 +213,7 @@ def supervised_warmup(cfg, lm, tokenizer, device, dtype, rank):
             loss = -(lp * b["gen_mask"]).sum() / b["gen_mask"].sum()
             opt.zero_grad(set_to_none=True)
             loss.backward()
-            torch.nn.utils.clip_grad_norm_(lm.parameters(), GRAD_CLIP)
+            torch.nn.utils.clip_grad_norm_(lm.parameters(), cfg["GRAD_CLIP"])
             opt.step()
             sched.step()
             bar.set_postfix(loss=f"{loss.item():.3f}")
@@ -215,7 +221,7 @@ def supervised_warmup(cfg, lm, tokenizer, device, dtype, rank):
     if dist.is_initialized():
         dist.barrier()
         if rank != 0:
-            lm.load_state_dict(M.AutoModelForCausalLM.from_pretrained(path).state_dict())
+            load_weights(lm, path)
     return path
 
 
@@ -335,14 +341,14 @@ def main(argv):
     sft_path = supervised_warmup(cfg, lm, tokenizer, device, dtype, rank)
     ref = None
     if cfg["KL_COEF"] > 0:
-        ref = M.AutoModelForCausalLM.from_pretrained(sft_path).to(device).eval().requires_grad_(False)
+        ref = copy.deepcopy(lm).eval().requires_grad_(False)  # lm holds the warm-up weights now
 
     # 3. RL, resumable
     opt = torch.optim.AdamW(lm.parameters(), lr=cfg["LR"], weight_decay=0.0)
     start, bad_steps = 0, 0
     ckpt = latest_checkpoint(cfg["OUT_DIR"]) if resume else None
     if ckpt:
-        lm.load_state_dict(M.AutoModelForCausalLM.from_pretrained(ckpt).state_dict())
+        load_weights(lm, ckpt)
         state = torch.load(os.path.join(ckpt, "state.pt"), weights_only=False)
         opt.load_state_dict(state["optimizer"])
         start, bad_steps = state["step"], state["bad_steps"]
@@ -357,10 +363,10 @@ def main(argv):
     if rank == 0:  # keep only the lines up to the checkpoint we continue from
         kept = []
         if start and os.path.exists(log_path):
-            kept = [l for l in open(log_path)
-                    if json.loads(l)["step"] < start or (json.loads(l)["step"] == start and "eval" in l)]
+            rows = [json.loads(l) for l in open(log_path)]
+            kept = [r for r in rows if r["step"] < start or (r["step"] == start and r.get("eval"))]
         with open(log_path, "w") as f:
-            f.writelines(kept)
+            f.writelines(json.dumps(r) + "\n" for r in kept)
         with open(os.path.join(cfg["OUT_DIR"], "config.json"), "w") as f:
             json.dump(cfg, f, indent=1)
 
@@ -392,7 +398,7 @@ def main(argv):
                 with open(log_path, "a") as f:
                     f.write(json.dumps(m) + "\n")
                 bar.set_postfix(reward=f"{m['reward']:.2f}", em=f"{m['em']:.2f}", kl=f"{m['kl']:.3f}")
-            if bad_steps >= MAX_BAD_STEPS:
+            if bad_steps >= cfg["MAX_BAD_STEPS"]:
                 raise SystemExit(f"stopping: {bad_steps} consecutive steps had a NaN/inf loss "
                                  "(updates skipped); try a lower LR or DTYPE=float32")
             done = step + 1
