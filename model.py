@@ -9,19 +9,23 @@
   HF ``generate`` (KV cache), stopping each sequence at ``</search>``/``</answer>``/eos.
 * ``token_logprobs`` gives log p of each token, applying the output projection only where asked.
 """
+import inspect
 import os
 import re
 from dataclasses import dataclass
 
 import torch
 from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, trainers
-from transformers import (AutoModelForCausalLM, AutoTokenizer, GenerationConfig,
-                          PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM)
+from transformers import (AutoModelForCausalLM, AutoTokenizer, DynamicCache, GenerationConfig,
+                          GenerationMixin, PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM)
 
 import search_env as se
 
 SPECIAL_TOKENS = ["<pad>", "<bos>", "<eos>", "<unk>"]
-KIND_IDS = {"search": 1, "answer": 2}  # values of action_kind; 0 = not inside an action span
+KIND_IDS = {"search": 1, "answer": 2}
+# generate's KV-cache argument: renamed from past_key_values to cache in transformers 5.x.
+CACHE_KWARG = ("cache" if "cache" in inspect.signature(GenerationMixin.prepare_inputs_for_generation).parameters
+               else "past_key_values")  # values of action_kind; 0 = not inside an action span
 
 # hidden, layers, heads, kv heads, mlp width. tiny ~ 1M parameters, small ~ 5M.
 SIZES = {"tiny": (128, 4, 4, 2, 384), "small": (256, 6, 8, 4, 768), "base": (512, 8, 8, 4, 1536)}
@@ -229,10 +233,15 @@ def rollout(model, tokenizer, env_factory, questions, group_size=1, max_turns=4,
             max_new_tokens=64, temperature=1.0, greedy=False):
     """Play ``len(questions) * group_size`` episodes, one batched ``generate`` per turn.
 
-    Each turn, the unfinished episodes are left-padded into one batch, generation stops per
-    sequence at ``</search>``, ``</answer>`` or eos, each turn's text goes to its env, and the
-    observation's token ids are appended. Token ids are kept, never re-encoded from text;
-    each turn's prompt is re-prefilled in one forward (cheap beside decoding).
+    Generation stops per sequence at ``</search>``, ``</answer>`` or eos; each turn's text goes
+    to its env and the observation's token ids are appended. Token ids are kept, never
+    re-encoded from text. One KV cache lives across turns, so a turn prefills only what is new
+    (the last sampled token and the observation): the batch tensor keeps every past column,
+    and the tokens a sequence would have written after its stop, and the left padding of each
+    observation, stay in it as masked-out holes. That is safe because generate derives position
+    ids from the mask's cumulative sum, so a sequence sees the same positions as its
+    right-padded transcript in the training forward. Finished episodes leave the batch (and
+    the cache).
 
     The old-policy log-probs are not returned: with one sampled batch per update they come for
     free from the first PPO epoch's forward pass (see train.py).
@@ -249,34 +258,51 @@ def rollout(model, tokenizer, env_factory, questions, group_size=1, max_turns=4,
     envs = [env_factory(q) for q in episodes]
     transcripts = [Transcript(tokenizer.encode(render_prompt(tokenizer, q), add_special_tokens=False))
                    for q in episodes]
+    ids, mask = _left_pad([t.ids for t in transcripts], pad_id)   # [B, L]: row r plays episode rows[r]
+    rows, cache = list(range(len(episodes))), DynamicCache()
     was_training = model.training
     model.eval()
     for turn in range(max_turns):
-        active = [i for i, env in enumerate(envs) if not env.done]
-        if not active:
-            break
-        L = max(len(transcripts[i].ids) for i in active)
-        ids = torch.full((len(active), L), pad_id, dtype=torch.long)
-        mask = torch.zeros((len(active), L), dtype=torch.long)
-        for row, i in enumerate(active):  # left padding, so every row continues at column L
-            n = len(transcripts[i].ids)
-            ids[row, L - n:] = torch.tensor(transcripts[i].ids)
-            mask[row, L - n:] = 1
         out = model.generate(input_ids=ids.to(device), attention_mask=mask.to(device),
-                             generation_config=gen_config)
-        new = out[:, L:].tolist()
-        for row, i in enumerate(active):
-            tokens = _cut_at_stop(new[row], stop_ids, pad_id)
+                             generation_config=gen_config, **{CACHE_KWARG: cache}).cpu()
+        new = out[:, ids.shape[1]:]
+        kept = torch.zeros_like(new)          # 1 where a generated token belongs to its transcript
+        observations = []
+        for r, i in enumerate(rows):
+            tokens = _cut_at_stop(new[r].tolist(), stop_ids, pad_id)
+            kept[r, :len(tokens)] = 1
             result = envs[i].step(tokenizer.decode(tokens))
             kind = result.action.kind
             transcripts[i].add_turn(tokens, kind, turn, open_ids.get(kind))
-            if result.observation:
-                transcripts[i].add_observation(tokenizer.encode(result.observation, add_special_tokens=False))
+            obs = tokenizer.encode(result.observation, add_special_tokens=False) if result.observation else []
+            transcripts[i].add_observation(obs)
+            observations.append(obs)
+        going = [r for r, i in enumerate(rows) if not envs[i].done]
+        if not going:
+            break
+        obs_ids, obs_mask = _left_pad([observations[r] for r in going], pad_id)
+        ids = torch.cat([out[going], obs_ids], dim=1)
+        mask = torch.cat([mask[going], kept[going], obs_mask], dim=1)
+        if len(going) < len(rows):
+            cache.batch_select_indices(torch.tensor(going, device=device))
+        rows = [rows[r] for r in going]
     model.train(was_training)
     batch = collate(transcripts, pad_id)
     return Rollouts(**batch, rewards=torch.tensor([e.reward for e in envs]),
                     answers=[e.answer for e in envs], turns=torch.tensor([e.turns for e in envs]),
                     questions=episodes)
+
+
+def _left_pad(rows, pad_id):
+    """Left-pad lists of ids to one [B, L] tensor and its mask, so every row ends at column L."""
+    L = max(1, max(map(len, rows)))
+    ids = torch.full((len(rows), L), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(rows), L), dtype=torch.long)
+    for r, row in enumerate(rows):
+        if row:
+            ids[r, L - len(row):] = torch.tensor(row)
+            mask[r, L - len(row):] = 1
+    return ids, mask
 
 
 def _cut_at_stop(tokens, stop_ids, pad_id):
