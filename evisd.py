@@ -93,10 +93,12 @@ def teacher_inputs(rollouts, world, tokenizer, use_search=True, use_answer=True,
     is cut after its last scored token: nothing after it can change a score.
     """
     kinds = [KIND_IDS["search"]] * use_search + [KIND_IDS["answer"]] * use_answer
-    seqs = []
+    seqs, blocks = [], {}    # a group's episodes share one question: encode its blocks once
     for i in range(len(rollouts.questions)) if rows is None else rows:
-        evidence_ids, answer_ids = privileged_ids(tokenizer, rollouts.questions[i], world)
-        tr, pos = insert_privileged(_row(rollouts, i), evidence_ids, answer_ids, use_search, use_answer)
+        q = rollouts.questions[i]
+        if q.qid not in blocks:
+            blocks[q.qid] = privileged_ids(tokenizer, q, world)
+        tr, pos = insert_privileged(_row(rollouts, i), *blocks[q.qid], use_search, use_answer)
         score = [int(k in kinds) for k in tr.kind]
         last = max([j for j, s in enumerate(score) if s], default=0) + 1
         seqs.append((tr.ids[:last], score[:last], pos[:last]))
@@ -125,6 +127,28 @@ def teacher_logprobs(model, batch, logp_student, temperature=1.0):
     out = logp_student.detach().float().clone().to(device)             # [N, T]
     rows, cols = b["score_mask"].nonzero(as_tuple=True)
     out[rows, b["student_pos"][rows, cols]] = lp[rows, cols]
+    return out
+
+
+def teacher_scores(model, rollouts, world, tokenizer, logp_student, rows, use_search=True,
+                   use_answer=True, temperature=1.0):
+    """Teacher log-probs [N, T] for the episodes in ``rows`` (train.py passes those with A != 0,
+    since A = 0 gives Â = 0 whatever the teacher says); all other positions keep the student's
+    log-prob, a zero gap. Identical episodes of one question, frequent once a group agrees on
+    its text, share one teacher sequence."""
+    out = logp_student.detach().float().clone()
+    copies = {}                                   # (question, token ids) -> episode indices
+    for i in rows:
+        n = int(rollouts.attention_mask[i].sum())
+        copies.setdefault((rollouts.questions[i].qid, tuple(rollouts.input_ids[i, :n].tolist())), []).append(i)
+    if not copies:
+        return out
+    groups = list(copies.values())
+    first = [g[0] for g in groups]
+    batch = teacher_inputs(rollouts, world, tokenizer, use_search, use_answer, rows=first)
+    scored = teacher_logprobs(model, batch, logp_student[first], temperature)   # [U, T]
+    for g, row in zip(groups, scored):
+        out[g] = row
     return out
 
 

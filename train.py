@@ -259,15 +259,10 @@ def update(cfg, r, world, policy, lm, ref, tokenizer, opt, device, dtype):
             old_logp = logp.detach()
             if cfg["METHOD"] == "evisd":
                 t1 = time.perf_counter()
-                # Episodes with A = 0 (groups of equal rewards) get Â = 0 whatever the teacher
-                # says, so only the others are re-scored; the rest keep a zero gap.
-                rows = adv.nonzero().squeeze(1).tolist()
-                lp_teacher = old_logp.clone()
-                if rows:
-                    batch = evisd.teacher_inputs(r, world, tokenizer, cfg["USE_SEARCH_EVIDENCE"],
-                                                 cfg["USE_ANSWER_PRIVILEGE"], rows=rows)
-                    with autocast(device, dtype):
-                        lp_teacher[rows] = evisd.teacher_logprobs(lm, batch, old_logp[rows], cfg["TEMPERATURE"])
+                with autocast(device, dtype):
+                    lp_teacher = evisd.teacher_scores(
+                        lm, r, world, tokenizer, old_logp, adv.nonzero().squeeze(1).tolist(),
+                        cfg["USE_SEARCH_EVIDENCE"], cfg["USE_ANSWER_PRIVILEGE"], cfg["TEMPERATURE"])
                 token_adv, ev_stats = evisd.evisd_advantages(
                     adv, old_logp, lp_teacher, b["gen_mask"], b["action_kind"], cfg["EVISD_EPS"],
                     cfg["EVISD_TAU"], cfg["USE_SEARCH_EVIDENCE"], cfg["USE_ANSWER_PRIVILEGE"], cfg["BOUNDED"])

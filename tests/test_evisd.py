@@ -162,3 +162,31 @@ def test_teacher_logprobs_align_with_a_manual_forward(setup):
     assert torch.allclose(evisd.teacher_logprobs(lm, sub, lp_s[1:]), lp_t[1:], atol=1e-6)
     # The teacher batch is cut after the last scored token.
     assert batch["input_ids"].shape[1] == max(j for j, p in enumerate(pos) if p >= 0 and scored[p]) + 1
+
+
+def test_teacher_scores_selects_rows_and_scores_duplicates_once(setup, monkeypatch):
+    tok, world, q, tr = setup
+    lm = M.build_model(tok, "tiny").eval()
+    other = M.encode_episode(tok, M.render_prompt(tok, q), *_noisy_turns(world, q))
+    b = M.collate([tr, other, tr, tr], tok.pad_token_id)
+    r = M.Rollouts(**b, rewards=torch.zeros(4), answers=[None] * 4, turns=torch.full((4,), 3),
+                   questions=[q] * 4)
+    lp_s = torch.full(r.input_ids.shape, -7.0)
+    expected = evisd.teacher_logprobs(lm, evisd.teacher_inputs(r, world, tok), lp_s)  # every row
+    seen = []
+    real = evisd.teacher_inputs
+    monkeypatch.setattr(evisd, "teacher_inputs", lambda *a, **k: seen.append(k["rows"]) or real(*a, **k))
+    got = evisd.teacher_scores(lm, r, world, tok, lp_s, rows=[0, 1, 2])
+    assert seen == [[0, 1]]                       # rows 0 and 2 are the same episode: one pass
+    assert torch.allclose(got[:3], expected[:3], atol=1e-6)
+    assert (got[3] == -7.0).all()                 # not selected: the student's log-prob, zero gap
+    assert (evisd.teacher_scores(lm, r, world, tok, lp_s, rows=[]) == -7.0).all()
+
+
+def _noisy_turns(world, q):
+    import random
+    for seed in range(50):
+        ep = se.expert_episode(q, world, noise=1.0, rng=random.Random(seed))
+        if ep.turns[0].count("<search>") and ep.reward == 0:
+            return ep.turns, ep.observations
+    raise AssertionError("no noisy episode with a search")
