@@ -54,13 +54,16 @@ def latest_checkpoint(out_dir):
 
 
 def load_run(run_dir):
-    """(model, tokenizer, config) of a run's latest checkpoint."""
+    """(model, tokenizer, config, warm-up checkpoint path) of a run's latest checkpoint."""
     ckpt = latest_checkpoint(run_dir)
     if ckpt is None:
         raise SystemExit(f"{run_dir}: no checkpoint (ckpt-*) found; has it trained?")
     lm, tok = M.load_model(ckpt, local_files_only=True)
-    cfg = torch.load(os.path.join(ckpt, "state.pt"), weights_only=False)["config"]
-    return lm.eval(), tok, cfg
+    state = torch.load(os.path.join(ckpt, "state.pt"), weights_only=False)
+    return lm.eval(), tok, state["config"], state.get("sft_path")
+
+
+_WARMUP_EM = {}   # the GRPO and EviSD runs of one seed share a warm-up: evaluate it once
 
 
 def read_metrics(run_dir):
@@ -77,7 +80,7 @@ def results_table(rows, splits):
     groups = {}
     for row in rows:
         groups.setdefault(row["group"], []).append(row)
-    cols = list(splits) + ["macro", "modulated_frac", "gap_pos", "gap_neg", "wall_min"]
+    cols = ["warmup_macro"] + list(splits) + ["macro", "modulated_frac", "gap_pos", "gap_neg", "wall_min"]
     lines = ["| run | seeds | " + " | ".join(cols) + " |", "|---" * (len(cols) + 2) + "|"]
     for name, rs in groups.items():
         cells = []
@@ -94,15 +97,19 @@ def results_table(rows, splits):
 
 
 def run_summary(run_dir, splits, n):
-    lm, tok, cfg = load_run(run_dir)
+    lm, tok, cfg, sft_path = load_run(run_dir)
     em = heldout_em(lm, tok, cfg, n=n, splits=splits)
+    key = (sft_path, splits, n)
+    if sft_path and os.path.isdir(sft_path) and key not in _WARMUP_EM:
+        _WARMUP_EM[key] = heldout_em(M.load_model(sft_path, local_files_only=True)[0].eval(), tok, cfg,
+                                     n=n, splits=splits)["macro"]
     steps = [m for m in read_metrics(run_dir) if not m.get("eval")]
     last = steps[-max(1, len(steps) // 5):] if steps else []   # the last fifth of training
 
     def mean(key):
         vals = [m[k] for m in last for k in key if m.get(k) is not None]
         return sum(vals) / len(vals) if vals else None
-    return {"run": run_dir, "group": group_name(run_dir), **em,
+    return {"run": run_dir, "group": group_name(run_dir), "warmup_macro": _WARMUP_EM.get(key), **em,
             "modulated_frac": mean(["modulated_frac"]),
             "gap_pos": mean(["search_gap_pos", "answer_gap_pos"]),   # mean action-token gap, A > 0
             "gap_neg": mean(["search_gap_neg", "answer_gap_neg"]),   # and A < 0
@@ -139,7 +146,7 @@ def show_episodes(run_dir, k, html_path):
     """Sample K groups, score them with the teacher, print each action token's gap."""
     import evisd
     import grpo
-    lm, tok, cfg = load_run(run_dir)
+    lm, tok, cfg, _ = load_run(run_dir)
     world, qs = heldout_questions(cfg, "test", k)
     torch.manual_seed(0)
     env = lambda q: se.SearchEnv(world, q, max_turns=cfg["MAX_TURNS"], top_k=cfg["TOP_K"])
@@ -148,7 +155,7 @@ def show_episodes(run_dir, k, html_path):
     adv = grpo.group_advantages(r.rewards, 4)
     with torch.no_grad():
         lp_s = M.token_logprobs(lm, r.input_ids, r.attention_mask, r.gen_mask)
-    lp_t = evisd.teacher_logprobs(lm, evisd.teacher_inputs(r, world, tok), lp_s)
+    lp_t = evisd.teacher_scores(lm, r, world, tok, lp_s, rows=range(len(r.questions)))  # all, even A = 0
     token_adv, _ = evisd.evisd_advantages(adv, lp_s, lp_t, r.gen_mask, r.action_kind, cfg["EVISD_EPS"])
     tty = sys.stdout.isatty()
     pages = []
