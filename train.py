@@ -125,6 +125,23 @@ def seed_everything(seed):
     torch.manual_seed(seed)
 
 
+def rng_states():
+    """Every RNG the run touches, for the checkpoint (steps also reseed from SEED and the step
+    number, so resuming does not depend on these, but a checkpoint should be complete)."""
+    states = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
+    if torch.cuda.is_available():
+        states["cuda"] = torch.cuda.get_rng_state_all()
+    return states
+
+
+def set_rng_states(states):
+    random.setstate(states["python"])
+    np.random.set_state(states["numpy"])
+    torch.set_rng_state(states["torch"])
+    if "cuda" in states and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(states["cuda"])
+
+
 def pick_device(cfg):
     if cfg["DEVICE"] == "auto":
         device = "cuda" if torch.cuda.is_available() else "cpu"
@@ -347,6 +364,7 @@ def main(argv):
         state = torch.load(os.path.join(ckpt, "state.pt"), weights_only=False)
         opt.load_state_dict(state["optimizer"])
         start, bad_steps = state["step"], state["bad_steps"]
+        set_rng_states(state["rng"])
         if rank == 0:
             print(f"resumed from {ckpt} at step {start}")
     elif resume and rank == 0:
@@ -369,7 +387,7 @@ def main(argv):
         if rank == 0:
             atomic_save(os.path.join(cfg["OUT_DIR"], f"ckpt-{step:06d}"), lm, tokenizer,
                         {"optimizer": opt.state_dict(), "step": step, "bad_steps": bad_steps,
-                         "config": cfg, "sft_path": sft_path})
+                         "config": cfg, "sft_path": sft_path, "rng": rng_states()})
             for old in sorted(n for n in os.listdir(cfg["OUT_DIR"]) if n.startswith("ckpt-"))[:-1]:
                 shutil.rmtree(os.path.join(cfg["OUT_DIR"], old), ignore_errors=True)
 

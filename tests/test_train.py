@@ -3,6 +3,7 @@ import json
 import os
 
 import pytest
+import torch
 
 import evaluate
 import train
@@ -68,6 +69,9 @@ def test_smoke_run_resume_and_evaluate(tmp_path):
     ckpt = os.listdir(os.path.join(full, "ckpt-000004"))
     for f in ("config.json", "model.safetensors", "tokenizer.json", "state.pt"):
         assert f in ckpt, f
+    state = torch.load(os.path.join(full, "ckpt-000004", "state.pt"), weights_only=False)
+    assert state["step"] == 4 and {"python", "numpy", "torch"} <= set(state["rng"])
+    assert set(state["optimizer"]) == {"state", "param_groups"}
     assert len([d for d in os.listdir(tmp_path) if d.startswith("sft-")]) == 1
 
     # 2 steps, then --resume for 2 more: the same metrics as the uninterrupted run.
