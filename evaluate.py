@@ -63,9 +63,6 @@ def load_run(run_dir):
     return lm.eval(), tok, state["config"], state.get("sft_path")
 
 
-_WARMUP_EM = {}   # the GRPO and EviSD runs of one seed share a warm-up: evaluate it once
-
-
 def read_metrics(run_dir):
     path = os.path.join(run_dir, "metrics.jsonl")
     return [json.loads(l) for l in open(path)] if os.path.exists(path) else []
@@ -96,20 +93,22 @@ def results_table(rows, splits):
     return "\n".join(lines)
 
 
-def run_summary(run_dir, splits, n):
+def run_summary(run_dir, splits, n, warmup_em=None):
+    """One table row. ``warmup_em`` maps warm-up paths to their macro EM: the GRPO and EviSD
+    runs of one seed share a warm-up, so pass one dict for all runs to evaluate it once."""
+    warmup_em = {} if warmup_em is None else warmup_em
     lm, tok, cfg, sft_path = load_run(run_dir)
     em = heldout_em(lm, tok, cfg, n=n, splits=splits)
-    key = (sft_path, splits, n)
-    if sft_path and os.path.isdir(sft_path) and key not in _WARMUP_EM:
-        _WARMUP_EM[key] = heldout_em(M.load_model(sft_path, local_files_only=True)[0].eval(), tok, cfg,
-                                     n=n, splits=splits)["macro"]
+    if sft_path and os.path.isdir(sft_path) and sft_path not in warmup_em:
+        warmup_em[sft_path] = heldout_em(M.load_model(sft_path, local_files_only=True)[0].eval(), tok, cfg,
+                                         n=n, splits=splits)["macro"]
     steps = [m for m in read_metrics(run_dir) if not m.get("eval")]
     last = steps[-max(1, len(steps) // 5):] if steps else []   # the last fifth of training
 
     def mean(key):
         vals = [m[k] for m in last for k in key if m.get(k) is not None]
         return sum(vals) / len(vals) if vals else None
-    return {"run": run_dir, "group": group_name(run_dir), "warmup_macro": _WARMUP_EM.get(key), **em,
+    return {"run": run_dir, "group": group_name(run_dir), "warmup_macro": warmup_em.get(sft_path), **em,
             "modulated_frac": mean(["modulated_frac"]),
             "gap_pos": mean(["search_gap_pos", "answer_gap_pos"]),   # mean action-token gap, A > 0
             "gap_neg": mean(["search_gap_neg", "answer_gap_neg"]),   # and A < 0
@@ -207,7 +206,8 @@ def main(argv):
         show_episodes(args.runs[0], args.show, os.path.join(args.runs[0], "episodes.html"))
         return
     splits = tuple(s for s in args.splits.split(",") if s)
-    rows = [run_summary(run, splits, args.n) for run in args.runs]
+    warmup_em = {}
+    rows = [run_summary(run, splits, args.n, warmup_em) for run in args.runs]
     print(results_table(rows, splits))
     if args.json:
         with open(args.json, "w") as f:

@@ -22,10 +22,10 @@ from transformers import (AutoModelForCausalLM, AutoTokenizer, DynamicCache, Gen
 import search_env as se
 
 SPECIAL_TOKENS = ["<pad>", "<bos>", "<eos>", "<unk>"]
-KIND_IDS = {"search": 1, "answer": 2}
+KIND_IDS = {"search": 1, "answer": 2}  # values of action_kind; 0 = not inside an action span
 # generate's KV-cache argument: renamed from past_key_values to cache in transformers 5.x.
 CACHE_KWARG = ("cache" if "cache" in inspect.signature(GenerationMixin.prepare_inputs_for_generation).parameters
-               else "past_key_values")  # values of action_kind; 0 = not inside an action span
+               else "past_key_values")
 
 # hidden, layers, heads, kv heads, mlp width. tiny ~ 1M parameters, small ~ 5M.
 SIZES = {"tiny": (128, 4, 4, 2, 384), "small": (256, 6, 8, 4, 768), "base": (512, 8, 8, 4, 1536)}
