@@ -213,10 +213,10 @@ def supervised_warmup(cfg, lm, tokenizer, device, dtype, rank):
             "SFT_LR", "SFT_NOISE")
     tag = hashlib.sha1(json.dumps([cfg[k] for k in keys] + [frac]).encode()).hexdigest()[:10]
     path = f"{cfg['SFT_DIR']}-{tag}"
-    if os.path.isdir(path):
-        load_weights(lm, path)
-        return path
-    if rank == 0:
+    # Rank 0 alone decides whether to train: if each rank checked the disk itself, a slow rank
+    # could find rank 0's fresh save, skip the barrier below, and leave rank 0 waiting forever.
+    cached = os.path.isdir(path)
+    if rank == 0 and not cached:
         opt = torch.optim.AdamW(lm.parameters(), lr=cfg["SFT_LR"], weight_decay=0.0)
         warmup = max(cfg["SFT_STEPS"] // 10, 1)
         sched = torch.optim.lr_scheduler.LambdaLR(  # linear warm-up, cosine decay to 10%
@@ -237,8 +237,8 @@ def supervised_warmup(cfg, lm, tokenizer, device, dtype, rank):
         atomic_save(path, lm, tokenizer, {"config": cfg, "privileged_frac": frac})
     if dist.is_initialized():
         dist.barrier()
-        if rank != 0:
-            load_weights(lm, path)
+    if cached or rank != 0:
+        load_weights(lm, path)
     return path
 
 
@@ -289,7 +289,10 @@ def update(cfg, r, world, policy, lm, ref, tokenizer, opt, device, dtype):
                 token_adv = adv[:, None] * b["gen_mask"]                          # [N, T]
         loss, stats = grpo.policy_loss(logp, old_logp, ref_logp, token_adv, b["gen_mask"],
                                        cfg["CLIP_EPS"], cfg["KL_COEF"])
-        if not torch.isfinite(loss):
+        finite = torch.isfinite(loss.detach()).float()
+        if dist.is_initialized():  # all ranks skip together, or DDP's gradient sync would hang
+            dist.all_reduce(finite, op=dist.ReduceOp.MIN)
+        if not finite:
             metrics["nonfinite_loss"] = 1
             break
         opt.zero_grad(set_to_none=True)

@@ -1,6 +1,7 @@
 """Data parallel: two CPU processes (gloo) train for two steps and end with identical weights."""
 import os
 import socket
+import time
 
 import torch
 import torch.multiprocessing as mp
@@ -26,7 +27,13 @@ def test_two_ranks_end_with_identical_weights(tmp_path):
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    mp.spawn(_worker, args=(str(tmp_path), port), nprocs=2, join=True)
+    ctx = mp.spawn(_worker, args=(str(tmp_path), port), nprocs=2, join=False)
+    deadline = time.monotonic() + 300  # a hung collective must fail the test, not stall CI
+    while not ctx.join(timeout=5):
+        if time.monotonic() > deadline:
+            for p in ctx.processes:
+                p.kill()
+            raise AssertionError("the two ranks did not finish within 300 s (hung collective?)")
     w0, w1 = torch.load(tmp_path / "rank0.pt"), torch.load(tmp_path / "rank1.pt")
     assert torch.equal(w0, w1)
     sft = [d for d in os.listdir(tmp_path) if d.startswith("sft-")]
