@@ -433,12 +433,15 @@ class Episode:
     answer: str = None
 
 
-def expert_episode(question, world, noise=0.0, rng=None, max_turns=4, top_k=3):
+def expert_episode(question, world, noise=0.0, rng=None, max_turns=4, top_k=3, stop_early=0.0):
     """A demonstration written through the real env: search each hop's entity, answer.
 
     With probability ``noise`` the episode makes one mistake: a vague first query (then a
     correct retry), a skipped hop (answers with the bridge entity), or an early answer
-    (a guess before any search). With ``noise=0`` every synthetic question scores 1.0.
+    (a guess before any search). ``stop_early`` is a habit rather than a slip: the chance that
+    a multi-hop demonstration answers one hop early. Above 0.5 a model that imitates it
+    stops early under greedy decoding too, a flaw only the reward can correct.
+    With ``noise=0`` and ``stop_early=0`` every synthetic question scores 1.0.
     """
     if not question.hop_queries:
         raise ValueError(f"question {question.qid} has no expert chain (synthetic worlds only)")
@@ -452,7 +455,10 @@ def expert_episode(question, world, noise=0.0, rng=None, max_turns=4, top_k=3):
         observations.append(result.observation)
         return result
 
-    mistake = rng.choice(("vague", "skip", "early")) if rng.random() < noise else None
+    if len(question.hop_queries) > 1 and rng.random() < stop_early:
+        mistake = "skip"
+    else:
+        mistake = rng.choice(("vague", "skip", "early")) if rng.random() < noise else None
     if mistake == "early":
         guess = rng.choice(world.docs).title
         act(f"{THINK} i think i know it. {THINK_END}{ANSWER} {guess} {ANSWER_END}")

@@ -41,13 +41,15 @@ SEED = 0
 # world
 FRESH_WORLDS = True          # a new world every step, so facts cannot be memorised
 WORLD_SCALE = 1.0            # multiplies the default entity counts of search_env.make_world
-TOP_K = 3                    # documents returned per search
+TOP_K = 2                    # documents returned per search
 MAX_TURNS = 4                # generated turns per episode
 # supervised warm-up
-SFT_STEPS = 1600
+SFT_STEPS = 1200
 SFT_BATCH = 16
 SFT_LR = 3e-3
-SFT_NOISE = 0.4              # chance that an expert demonstration makes one mistake
+SFT_NOISE = 0.2              # chance that an expert demonstration makes one mistake
+SFT_STOP_EARLY = 0.6         # chance that a two-hop demonstration answers after one hop: the
+                             # demonstrator's habit that greedy imitation inherits and RL must fix
 SFT_PRIVILEGED_FRAC = -1.0   # clean experts shown in the teacher's context; -1 = auto (0.3 tiny, 0 HF)
 SFT_DIR = "out/sft"          # warm-up checkpoints, one per (seed, model, world, SFT settings)
 # RL
@@ -196,7 +198,8 @@ def sft_batch(cfg, tokenizer, step, privileged_frac):
         q = rng.choice(questions)
         privileged = rng.random() < privileged_frac
         ep = se.expert_episode(q, world, noise=0.0 if privileged else cfg["SFT_NOISE"], rng=rng,
-                               max_turns=cfg["MAX_TURNS"], top_k=cfg["TOP_K"])
+                               max_turns=cfg["MAX_TURNS"], top_k=cfg["TOP_K"],
+                               stop_early=0.0 if privileged else cfg["SFT_STOP_EARLY"])
         tr = M.encode_episode(tokenizer, M.render_prompt(tokenizer, q), ep.turns, ep.observations)
         if privileged:
             tr, _ = evisd.insert_privileged(tr, *evisd.privileged_ids(tokenizer, q, world))
@@ -210,7 +213,7 @@ def supervised_warmup(cfg, lm, tokenizer, device, dtype, rank):
     if frac < 0:
         frac = 0.3 if cfg["MODEL"] in M.SIZES else 0.0
     keys = ("MODEL", "SEED", "WORLD_SCALE", "TOP_K", "MAX_TURNS", "SFT_STEPS", "SFT_BATCH",
-            "SFT_LR", "SFT_NOISE")
+            "SFT_LR", "SFT_NOISE", "SFT_STOP_EARLY")
     tag = hashlib.sha1(json.dumps([cfg[k] for k in keys] + [frac]).encode()).hexdigest()[:10]
     path = f"{cfg['SFT_DIR']}-{tag}"
     # Rank 0 alone decides whether to train: if each rank checked the disk itself, a slow rank
@@ -338,7 +341,8 @@ def main(argv):
         raise SystemExit(f"QUESTIONS_PER_STEP={cfg['QUESTIONS_PER_STEP']} must divide by the "
                          f"{world_size} processes")
     device, dtype = pick_device(cfg)
-    torch.set_num_threads(max(1, (os.cpu_count() or 1) // world_size))
+    # The cores are split between the ranks; OMP_NUM_THREADS, when set, wins.
+    torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", 0)) or max(1, (os.cpu_count() or 1) // world_size))
     os.makedirs(cfg["OUT_DIR"], exist_ok=True)
     if rank == 0:
         print(json.dumps(cfg))

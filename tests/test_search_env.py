@@ -205,6 +205,17 @@ def test_noisy_experts_are_imperfect(world):
     assert 0.55 < sum(rewards) / len(rewards) < 0.95
 
 
+def test_stop_early_answers_the_bridge_entity_of_multi_hop_questions_only(world):
+    rng = random.Random(0)
+    for q in world.split("train")[:200]:
+        ep = se.expert_episode(q, world, stop_early=1.0, rng=rng)
+        if q.hops == 1:
+            assert ep.reward == 1.0 and len(ep.turns) == 2
+        else:  # one search fewer, and the answer is the last hop's query: the bridge entity
+            assert len(ep.turns) == q.hops and ep.reward == 0.0
+            assert ep.answer.strip() == q.hop_queries[-1]
+
+
 @pytest.mark.parametrize("kwargs, name", [
     (dict(n_people=1), "n_people"), (dict(n_cities=0), "n_cities"),
     (dict(n_countries=1.5), "n_countries"), (dict(n_films=-1), "n_films"),
