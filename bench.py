@@ -42,7 +42,8 @@ def expert_rollouts(cfg, tok, world, questions, seed=0):
     import random
     rng = random.Random(seed)
     episodes = [q for q in questions for _ in range(cfg["GROUP_SIZE"])]
-    eps = [se.expert_episode(q, world, noise=0.5, rng=rng, max_turns=cfg["MAX_TURNS"]) for q in episodes]
+    eps = [se.expert_episode(q, world, noise=0.5, rng=rng, max_turns=cfg["MAX_TURNS"],
+                              top_k=cfg["TOP_K"]) for q in episodes]
     trs = [M.encode_episode(tok, M.render_prompt(tok, q), e.turns, e.observations) for q, e in zip(episodes, eps)]
     return M.Rollouts(**M.collate(trs, tok.pad_token_id), rewards=torch.tensor([e.reward for e in eps]),
                       answers=[e.answer for e in eps], turns=torch.tensor([len(e.turns) for e in eps]),

@@ -10,7 +10,6 @@
 * ``token_logprobs`` gives log p of each token, applying the output projection only where asked.
 """
 import inspect
-import math
 import os
 import re
 from dataclasses import dataclass
@@ -94,10 +93,6 @@ def build_model(tokenizer, size="tiny", seed=0):
         vocab_size=len(tokenizer), hidden_size=hidden, intermediate_size=mlp,
         num_hidden_layers=layers, num_attention_heads=heads, num_key_value_heads=kv_heads,
         max_position_embeddings=2048, tie_word_embeddings=True,
-        # Weights drawn with std 0.7/sqrt(hidden) (0.06 for tiny) instead of HF's 0.02: with the
-        # smaller init, attention stays near-uniform for longer and the warm-up took twice as
-        # many steps to start copying names out of retrieved documents.
-        initializer_range=0.7 / math.sqrt(hidden),
         pad_token_id=tokenizer.pad_token_id, bos_token_id=tokenizer.bos_token_id,
         eos_token_id=tokenizer.eos_token_id)
     torch.manual_seed(seed)

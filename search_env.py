@@ -455,7 +455,7 @@ def expert_episode(question, world, noise=0.0, rng=None, max_turns=4, top_k=3, s
         observations.append(result.observation)
         return result
 
-    if len(question.hop_queries) > 1 and rng.random() < stop_early:
+    if stop_early and len(question.hop_queries) > 1 and rng.random() < stop_early:
         mistake = "skip"
     else:
         mistake = rng.choice(("vague", "skip", "early")) if rng.random() < noise else None

@@ -41,15 +41,15 @@ SEED = 0
 # world
 FRESH_WORLDS = True          # a new world every step, so facts cannot be memorised
 WORLD_SCALE = 1.0            # multiplies the default entity counts of search_env.make_world
-TOP_K = 2                    # documents returned per search
+TOP_K = 3                    # documents returned per search
 MAX_TURNS = 4                # generated turns per episode
 # supervised warm-up
-SFT_STEPS = 1200
+SFT_STEPS = 1600
 SFT_BATCH = 16
 SFT_LR = 3e-3
-SFT_NOISE = 0.2              # chance that an expert demonstration makes one mistake
-SFT_STOP_EARLY = 0.6         # chance that a two-hop demonstration answers after one hop: the
-                             # demonstrator's habit that greedy imitation inherits and RL must fix
+SFT_NOISE = 0.4              # chance that an expert demonstration makes one mistake
+SFT_STOP_EARLY = 0.0         # chance that a two-hop demonstration answers after one hop, a habit
+                             # greedy imitation inherits (0.5 was tried: see the README)
 SFT_PRIVILEGED_FRAC = -1.0   # clean experts shown in the teacher's context; -1 = auto (0.3 tiny, 0 HF)
 SFT_DIR = "out/sft"          # warm-up checkpoints, one per (seed, model, world, SFT settings)
 # RL

@@ -94,3 +94,18 @@ def test_grpo_method_logs_no_modulation(tmp_path):
     out = run(tmp_path, "grpo", "--METHOD=grpo", "--RL_STEPS=1", "--EVAL_EVERY=0", "--PPO_EPOCHS=1")
     (r,) = rows(out)
     assert "modulated_frac" not in r and r["teacher_s"] == 0.0 and r["ratio"] == pytest.approx(1.0)
+
+
+def test_warmup_demonstrator_stops_early_only_when_asked():
+    cfg = {k: getattr(train, k) for k in train.CONFIG_KEYS}
+    cfg.update(SFT_NOISE=0.0, SFT_BATCH=32, WORLD_SCALE=0.3)
+    tok = train.M.build_tokenizer(train.M.tokenizer_texts(seeds=(0,)))
+
+    def searches_per_episode(stop_early, privileged_frac):
+        cfg["SFT_STOP_EARLY"] = stop_early
+        spans = train.sft_batch(cfg, tok, step=0, privileged_frac=privileged_frac)["spans"]
+        return [sum(kind == "search" for _, _, kind, _ in s) for s in spans]
+
+    assert max(searches_per_episode(0.0, 0.0)) == 2          # two-hop demos search twice
+    assert max(searches_per_episode(1.0, 0.0)) == 1          # ... unless they stop early
+    assert max(searches_per_episode(1.0, 1.0)) == 2          # the privileged demos never do
