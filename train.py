@@ -342,7 +342,8 @@ def main(argv):
                          f"{world_size} processes")
     device, dtype = pick_device(cfg)
     # The cores are split between the ranks; OMP_NUM_THREADS, when set, wins.
-    torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", 0)) or max(1, (os.cpu_count() or 1) // world_size))
+    threads = int(os.environ.get("OMP_NUM_THREADS", 0)) or max(1, (os.cpu_count() or 1) // world_size)
+    torch.set_num_threads(threads)
     os.makedirs(cfg["OUT_DIR"], exist_ok=True)
     if rank == 0:
         print(json.dumps(cfg))
