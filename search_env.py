@@ -256,11 +256,12 @@ class SearchEnv:
 
 
 # ----------------------------------------------------------------------------- the synthetic world
-# Names are spelled from these syllables, so an unseen name is made of familiar pieces.
+# Names are spelled from these syllables, so an unseen name is made of familiar pieces. Few
+# syllables and two per word make copying a name learnable by the tiny model within the warm-up:
+# with 46 syllables and words of 2-3, 900 warm-up steps copied only a name's first piece
+# (held-out EM 0.00); with these 20, two per word, the same 900 steps reach EM 0.60.
 SYLLABLES = ("ka", "lo", "mi", "ra", "ven", "tor", "sil", "bar", "dun", "fel", "gor", "hal",
-             "jin", "kel", "mor", "nas", "pel", "quin", "ros", "tam", "ul", "vor", "wen", "zan",
-             "bel", "cor", "dra", "el", "fin", "gal", "har", "is", "lun", "mar", "nor", "pra",
-             "sen", "tal", "ur", "vel", "yor", "zel", "do", "ne", "su", "ti")
+             "jin", "kel", "mor", "nas", "pel", "quin", "ros", "tam")
 FILM_WORDS = ("nights", "rising", "letters", "harbor", "winter", "garden", "road", "echo")
 COMPANY_WORDS = ("works", "labs", "group", "foods", "motors", "press")
 FLAVOUR = ("old bridges", "long winters", "blue tiles", "river markets", "quiet streets",
@@ -269,9 +270,9 @@ FLAVOUR = ("old bridges", "long winters", "blue tiles", "river markets", "quiet 
 SIZES = dict(n_people=120, n_cities=40, n_countries=10, n_films=60, n_companies=40)
 
 
-def _word(rng, lo, hi):
-    """A word of lo..hi syllables, kept as a tuple so a near-duplicate can swap one."""
-    return tuple(rng.choice(SYLLABLES) for _ in range(rng.randint(lo, hi)))
+def _word(rng):
+    """A two-syllable word, kept as a tuple so a near-duplicate can swap a syllable."""
+    return (rng.choice(SYLLABLES), rng.choice(SYLLABLES))
 
 
 def _near_duplicate(words, rng):
@@ -283,17 +284,27 @@ def _near_duplicate(words, rng):
     return words[:i] + (w,) + words[i + 1:]
 
 
-def _unique_names(rng, n, make, taken, near_dup_frac):
-    """n distinct names (tuples of syllable tuples as strings); some are near-duplicates."""
+def _unique_names(rng, n, make, taken, near_dup_frac, kind, owner):
+    """n distinct names (tuples of syllable tuples as strings); some are near-duplicates.
+
+    ``owner`` maps each name word to the entity type that uses it: a word never names two
+    types, or a person called 'kalo lunel' would mention the city 'lunel' in every document
+    that names that person, and answer questions it should not.
+    """
     made, names = [], []
-    while len(names) < n:
+    for _ in range(200 * n):
+        if len(names) == n:
+            return names
         words = _near_duplicate(rng.choice(made), rng) if made and rng.random() < near_dup_frac else make()
-        name = " ".join("".join(w) for w in words)
-        if name not in taken:
+        strings = ["".join(w) for w in words]
+        name = " ".join(strings)
+        if name not in taken and all(owner.get(w, kind) == kind for w in strings):
             taken.add(name)
+            owner.update((w, kind) for w in strings)
             made.append(words)
             names.append(name)
-    return names
+    raise ValueError(f"make_world: only {len(names)} of {n} distinct {kind} names fit the "
+                     f"{len(SYLLABLES)}-syllable inventory; use a smaller scale")
 
 
 def make_world(seed=0, n_people=SIZES["n_people"], n_cities=SIZES["n_cities"],
@@ -322,17 +333,17 @@ def make_world(seed=0, n_people=SIZES["n_people"], n_cities=SIZES["n_cities"],
         if not 0.0 <= value < 1.0:
             raise ValueError(f"make_world: {name} must be in [0, 1), got {value!r}")
     rng = random.Random(seed)
-    taken = set()
+    taken, owner = set(), {}
     # A small pool of first names, so many people share one and a search must use both words.
-    first_names = [_word(rng, 2, 2) for _ in range(max(8, n_people // 4))]
-    people = _unique_names(rng, n_people, lambda: (rng.choice(first_names), _word(rng, 2, 3)),
-                           taken, near_duplicate_frac)
-    cities = _unique_names(rng, n_cities, lambda: (_word(rng, 2, 3),), taken, near_duplicate_frac)
-    countries = _unique_names(rng, n_countries, lambda: (_word(rng, 2, 2) + ("ia",),), taken, 0.0)
-    films = _unique_names(rng, n_films, lambda: (_word(rng, 2, 2), (rng.choice(FILM_WORDS),)),
-                          taken, near_duplicate_frac)
-    companies = _unique_names(rng, n_companies, lambda: (_word(rng, 2, 2), (rng.choice(COMPANY_WORDS),)),
-                              taken, 0.0)
+    first_names = [_word(rng) for _ in range(max(8, n_people // 4))]
+    people = _unique_names(rng, n_people, lambda: (rng.choice(first_names), _word(rng)),
+                           taken, near_duplicate_frac, "person", owner)
+    cities = _unique_names(rng, n_cities, lambda: (_word(rng),), taken, near_duplicate_frac, "city", owner)
+    countries = _unique_names(rng, n_countries, lambda: (_word(rng) + ("ia",),), taken, 0.0, "country", owner)
+    films = _unique_names(rng, n_films, lambda: (_word(rng), (rng.choice(FILM_WORDS),)),
+                          taken, near_duplicate_frac, "film", owner)
+    companies = _unique_names(rng, n_companies, lambda: (_word(rng), (rng.choice(COMPANY_WORDS),)),
+                              taken, 0.0, "company", owner)
 
     # The facts. Every entity gets the relations of its type.
     country_of = {c: rng.choice(countries) for c in cities}

