@@ -48,21 +48,21 @@ SFT_STEPS = 900
 SFT_BATCH = 16
 SFT_LR = 3e-3
 SFT_NOISE = 0.4              # chance that an expert demonstration makes one mistake
-SFT_STOP_EARLY = 0.0         # chance that a two-hop demonstration answers after one hop, a habit
-                             # greedy imitation inherits (0.5 was tried: see the README)
+SFT_STOP_EARLY = 0.5         # chance that a two-hop demonstration answers after one hop: a habit
+                             # greedy imitation inherits and only the reward can correct
 SFT_PRIVILEGED_FRAC = -1.0   # clean experts shown in the teacher's context; -1 = auto (0.3 tiny, 0 HF)
 SFT_DIR = "out/sft"          # warm-up checkpoints, one per (seed, model, world, SFT settings)
 # RL
-RL_STEPS = 40
+RL_STEPS = 60
 QUESTIONS_PER_STEP = 8
 GROUP_SIZE = 8
-LR = 5e-4
+LR = 2e-4                    # 5e-4 collapsed held-out EM 0.70 -> 0.06 in 40 steps (README)
 KL_COEF = 0.01               # k3 KL to the frozen warm-up model
 CLIP_EPS = 0.2
 PPO_EPOCHS = 1               # with 1, the ratio is exactly 1 and the clip never acts
 GRAD_CLIP = 1.0
 MAX_NEW_TOKENS = 48          # per turn
-TEMPERATURE = 1.0
+TEMPERATURE = 0.5            # rollouts; the tiny model's sampled reward is 0.12 at 1.0, 0.30 at 0.5
 # EviSD
 EVISD_EPS = 0.2              # w in [1 - eps, 1 + eps]
 EVISD_TAU = 0.0              # |gap| below this is treated as no signal
