@@ -259,7 +259,8 @@ class SearchEnv:
 # Names are spelled from these syllables, so an unseen name is made of familiar pieces. Few
 # syllables and two per word make copying a name learnable by the tiny model within the warm-up:
 # with 46 syllables and words of 2-3, 900 warm-up steps copied only a name's first piece
-# (held-out EM 0.00); with these 20, two per word, the same 900 steps reach EM 0.60.
+# (held-out EM 0.00); with these 20, two per word, the same 900 steps reach test EM 0.70
+# (seed 0, without the stop-early habit).
 SYLLABLES = ("ka", "lo", "mi", "ra", "ven", "tor", "sil", "bar", "dun", "fel", "gor", "hal",
              "jin", "kel", "mor", "nas", "pel", "quin", "ros", "tam")
 FILM_WORDS = ("nights", "rising", "letters", "harbor", "winter", "garden", "road", "echo")
