@@ -1,51 +1,124 @@
-"""Held-out evaluation: greedy exact match on the test and ood splits, tables, plots, examples.
+"""Held-out evaluation: greedy EM per number of hops over several held-out worlds, paired
+comparisons between methods, the teacher's credit report card, learning curves and examples.
 
-    python evaluate.py out/evisd-s0 out/grpo-s0 ...      # EM per split, one row per run
-    python evaluate.py out/* --plot curves.png            # learning curves from metrics.jsonl
-    python evaluate.py out/evisd-s0 --show 3              # episodes with the teacher-student gap
+    python evaluate.py out/evisd-s0 out/grpo-s0 ...   # EM per hop with 95% intervals; paired table
+    python evaluate.py out/evisd-s0 --credit          # the teacher's report card (credit.py)
+    python evaluate.py out/sft-<hash> --credit        # ... of a warm-up checkpoint
+    python evaluate.py out/* --plot curves.png        # learning curves from metrics.jsonl
+    python evaluate.py out/evisd-s0 --show 3          # episodes with the teacher-student gap
 
-Runs whose names differ only in a trailing ``-s<seed>`` are aggregated as mean ± std.
-The held-out world (seed ``EVAL_SEED``) is disjoint from every training world.
+Held-out worlds have seeds EVAL_SEED, EVAL_SEED + 1, ...; train.py keeps every training world
+below EVAL_SEED. Each world gives ~119 `test` questions (1 and 2 hops, over entities no train
+question starts from) and 120 `ood` ones (3 hops); the headline ``macro`` is the mean of the
+1-hop and 2-hop EM, the splits RL can move. Runs whose names differ only in a trailing
+``-s<seed>`` are aggregated as mean ± std; runs of different methods with the same SEED share a
+warm-up and are compared paired, seed by seed, against the GRPO runs.
 """
 import argparse
 import html
 import json
+import math
 import os
 import random
 import re
 import sys
 
 import torch
+from tqdm import tqdm
 
+import credit
 import model as M
 import search_env as se
 
 SPLITS = ("test", "ood")
+HOPS = (1, 2, 3)             # 1 and 2 hops in `test`, 3 in `ood`
+MACRO_HOPS = (1, 2)          # the headline: ood (3 hops) stays near 0 for every run
+EVAL_WORLDS = 9              # ~1,070 test and 1,080 ood questions; one world's 119 give EM ± 0.09
+CREDIT_QUESTIONS = 64        # held-out questions sampled GROUP_SIZE times for --credit
 
 
-def heldout_questions(cfg, split, n):
-    """n questions of a split of the held-out world: a fixed sample, seeded by EVAL_SEED."""
-    world = se.make_world(cfg["EVAL_SEED"], scale=cfg["WORLD_SCALE"])
+# ----------------------------------------------------------------------------- held-out questions
+def heldout_questions(cfg, split, n, world_index=0):
+    """n questions of a split of held-out world ``EVAL_SEED + world_index``: a fixed sample."""
+    world = se.make_world(cfg["EVAL_SEED"] + world_index, scale=cfg["WORLD_SCALE"])
     qs = world.split(split)
-    qs = random.Random(cfg["EVAL_SEED"]).sample(qs, min(n, len(qs)))
+    qs = random.Random(cfg["EVAL_SEED"] + world_index).sample(qs, min(n, len(qs)))
     return world, qs
 
 
 @torch.no_grad()
+def greedy_rewards(lm, tokenizer, cfg, world, questions, device=None, dtype=torch.float32):
+    """Greedy exact match of each question, [len(questions)]."""
+    env = lambda q: se.SearchEnv(world, q, max_turns=cfg["MAX_TURNS"], top_k=cfg["TOP_K"])
+    with M.autocast(device or torch.device("cpu"), dtype):
+        r = M.rollout(lm, tokenizer, env, questions, group_size=1, max_turns=cfg["MAX_TURNS"],
+                      max_new_tokens=cfg["MAX_NEW_TOKENS"], greedy=True)
+    return r.rewards
+
+
 def heldout_em(lm, tokenizer, cfg, n=100, splits=SPLITS, device=None, dtype=torch.float32):
-    """Greedy EM per split and their macro-average."""
+    """Greedy EM per split of the first held-out world, and their mean: the learning curve's
+    quick check during training (``EVAL_QUESTIONS`` per split)."""
     out = {}
     for split in splits:
         world, qs = heldout_questions(cfg, split, n)
-        env = lambda q: se.SearchEnv(world, q, max_turns=cfg["MAX_TURNS"], top_k=cfg["TOP_K"])
-        with M.autocast(device or torch.device("cpu"), dtype):
-            r = M.rollout(lm, tokenizer, env, qs, group_size=1, max_turns=cfg["MAX_TURNS"],
-                          max_new_tokens=cfg["MAX_NEW_TOKENS"], greedy=True)
-        out[split] = round(r.rewards.mean().item(), 4)
+        out[split] = round(greedy_rewards(lm, tokenizer, cfg, world, qs, device, dtype).mean().item(), 4)
     out["macro"] = round(sum(out[s] for s in splits) / len(splits), 4)
     return out
 
 
+def heldout_by_hops(lm, tokenizer, cfg, worlds=EVAL_WORLDS, device=None, dtype=torch.float32):
+    """Greedy EM on every `test` and `ood` question of ``worlds`` held-out worlds, per number
+    of hops, each with its 95% Wilson interval, and the macro over ``MACRO_HOPS`` (with a
+    normal-approximation interval)."""
+    correct, total = {h: 0 for h in HOPS}, {h: 0 for h in HOPS}
+    for k in range(worlds):
+        world = se.make_world(cfg["EVAL_SEED"] + k, scale=cfg["WORLD_SCALE"])
+        qs = [q for split in SPLITS for q in world.split(split)]
+        for q, r in zip(qs, greedy_rewards(lm, tokenizer, cfg, world, qs, device, dtype).tolist()):
+            correct[q.hops] += r
+            total[q.hops] += 1
+    out = {}
+    for h in HOPS:
+        em = correct[h] / total[h] if total[h] else None
+        lo, hi = wilson(correct[h], total[h]) if total[h] else (None, None)
+        out[f"hop{h}"], out[f"hop{h}_n"], out[f"hop{h}_ci"] = em, total[h], [lo, hi]
+    ems = [out[f"hop{h}"] for h in MACRO_HOPS]
+    if None not in ems:
+        se_macro = math.sqrt(sum(p * (1 - p) / total[h] for p, h in zip(ems, MACRO_HOPS))) / len(ems)
+        out["macro"] = sum(ems) / len(ems)
+        out["macro_ci"] = [out["macro"] - 1.96 * se_macro, out["macro"] + 1.96 * se_macro]
+    return out
+
+
+# ----------------------------------------------------------------------------- intervals
+def wilson(successes, n, z=1.96):
+    """The Wilson score interval of a binomial proportion (sensible at 0 and 1, unlike p ± z·se)."""
+    p = successes / n
+    centre = (p + z * z / (2 * n)) / (1 + z * z / n)
+    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
+    return centre - half, centre + half
+
+
+# Two-sided 95% quantiles of Student's t (t_0.975) for 1..30 degrees of freedom.
+T_975 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179,
+         2.160, 2.145, 2.131, 2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064,
+         2.060, 2.056, 2.052, 2.048, 2.045, 2.042)
+
+
+def t_interval(values):
+    """(mean, low, high): the 95% t-interval of the mean, mean ± t_0.975(n−1) · s / √n, with s
+    the sample std (n − 1). Beyond 30 degrees of freedom, the normal 1.96 (off by < 3%)."""
+    n = len(values)
+    m = sum(values) / n
+    if n < 2:
+        return m, None, None
+    s = math.sqrt(sum((v - m) ** 2 for v in values) / (n - 1))
+    t = T_975[n - 2] if n - 1 <= len(T_975) else 1.96
+    return m, m - t * s / math.sqrt(n), m + t * s / math.sqrt(n)
+
+
+# ----------------------------------------------------------------------------- runs
 def latest_checkpoint(out_dir):
     """The newest ``ckpt-NNNNNN`` directory of a run, or None."""
     names = sorted(n for n in os.listdir(out_dir) if n.startswith("ckpt-") and n[5:].isdigit()) \
@@ -54,8 +127,9 @@ def latest_checkpoint(out_dir):
 
 
 def load_run(run_dir):
-    """(model, tokenizer, config, warm-up checkpoint path) of a run's latest checkpoint."""
-    ckpt = latest_checkpoint(run_dir)
+    """(model, tokenizer, config, warm-up checkpoint path) of a run's latest checkpoint, or of
+    a checkpoint directory itself (a ``ckpt-*`` or a warm-up ``sft-*``)."""
+    ckpt = run_dir if os.path.exists(os.path.join(run_dir, "state.pt")) else latest_checkpoint(run_dir)
     if ckpt is None:
         raise SystemExit(f"{run_dir}: no checkpoint (ckpt-*) found; has it trained?")
     lm, tok = M.load_model(ckpt, local_files_only=True)
@@ -72,12 +146,53 @@ def group_name(run_dir):
     return re.sub(r"-s\d+$", "", os.path.basename(os.path.normpath(run_dir)))
 
 
-def results_table(rows, splits):
+def run_summary(run_dir, worlds, warmup_em=None):
+    """One row per run. ``warmup_em`` maps warm-up paths to their macro EM: the GRPO and EviSD
+    runs of one seed share a warm-up, so pass one dict for all runs to evaluate it once."""
+    warmup_em = {} if warmup_em is None else warmup_em
+    lm, tok, cfg, sft_path = load_run(run_dir)
+    em = heldout_by_hops(lm, tok, cfg, worlds)
+    if sft_path and os.path.isdir(sft_path) and sft_path not in warmup_em:
+        warmup = M.load_model(sft_path, local_files_only=True)[0].eval()
+        warmup_em[sft_path] = heldout_by_hops(warmup, tok, cfg, worlds).get("macro")
+    steps = [m for m in read_metrics(run_dir) if not m.get("eval")]
+    last = steps[-max(1, len(steps) // 5):] if steps else []   # the last fifth of training
+
+    def mean(key):
+        vals = [m[k] for m in last for k in key if m.get(k) is not None]
+        return sum(vals) / len(vals) if vals else None
+    return {"run": run_dir, "group": group_name(run_dir), "seed": cfg["SEED"], "method": cfg["METHOD"],
+            "warmup_macro": warmup_em.get(sft_path), **em,
+            "modulated_frac": mean(["modulated_frac"]),
+            "gap_pos": mean(["search_gap_pos", "answer_gap_pos"]),   # mean action-token gap, A > 0
+            "gap_neg": mean(["search_gap_neg", "answer_gap_neg"]),   # and A < 0
+            "wall_min": sum(m["step_s"] for m in steps) / 60 if steps else None}
+
+
+# ----------------------------------------------------------------------------- tables
+def _num(v, spec=".3f"):
+    return "–" if v is None else format(v, spec)
+
+
+def runs_table(rows):
+    """One line per run: EM per hop with its 95% interval, the macro and the warm-up's."""
+    lines = ["| run | seed | " + " | ".join(f"{h}-hop EM [95%]" for h in HOPS) + " | macro [95%] | warm-up macro |",
+             "|---" * (len(HOPS) + 5) + "|"]
+    for r in rows:
+        cells = [f"{_num(r[f'hop{h}'])} [{_num(r[f'hop{h}_ci'][0])}, {_num(r[f'hop{h}_ci'][1])}] (n={r[f'hop{h}_n']})"
+                 for h in HOPS]
+        ci = r.get("macro_ci") or [None, None]
+        cells.append(f"{_num(r.get('macro'))} [{_num(ci[0])}, {_num(ci[1])}]")
+        lines.append(f"| {r['run']} | {r['seed']} | " + " | ".join(cells) + f" | {_num(r['warmup_macro'])} |")
+    return "\n".join(lines)
+
+
+def results_table(rows):
     """Rows grouped by method name: mean ± std over seeds for each column."""
     groups = {}
     for row in rows:
         groups.setdefault(row["group"], []).append(row)
-    cols = ["warmup_macro"] + list(splits) + ["macro", "modulated_frac", "gap_pos", "gap_neg", "wall_min"]
+    cols = ["warmup_macro"] + [f"hop{h}" for h in HOPS] + ["macro", "modulated_frac", "gap_pos", "gap_neg", "wall_min"]
     lines = ["| run | seeds | " + " | ".join(cols) + " |", "|---" * (len(cols) + 2) + "|"]
     for name, rs in groups.items():
         cells = []
@@ -87,32 +202,62 @@ def results_table(rows, splits):
                 cells.append("–")
                 continue
             t = torch.tensor(vals, dtype=torch.float64)
-            std = t.std().item() if len(vals) > 1 else 0.0
-            cells.append(f"{t.mean().item():.3f} ± {std:.3f}" if len(vals) > 1 else f"{vals[0]:.3f}")
+            cells.append(f"{t.mean().item():.3f} ± {t.std().item():.3f}" if len(vals) > 1 else f"{vals[0]:.3f}")
         lines.append(f"| {name} | {len(rs)} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 
-def run_summary(run_dir, splits, n, warmup_em=None):
-    """One table row. ``warmup_em`` maps warm-up paths to their macro EM: the GRPO and EviSD
-    runs of one seed share a warm-up, so pass one dict for all runs to evaluate it once."""
-    warmup_em = {} if warmup_em is None else warmup_em
-    lm, tok, cfg, sft_path = load_run(run_dir)
-    em = heldout_em(lm, tok, cfg, n=n, splits=splits)
-    if sft_path and os.path.isdir(sft_path) and sft_path not in warmup_em:
-        warmup_em[sft_path] = heldout_em(M.load_model(sft_path, local_files_only=True)[0].eval(), tok, cfg,
-                                         n=n, splits=splits)["macro"]
-    steps = [m for m in read_metrics(run_dir) if not m.get("eval")]
-    last = steps[-max(1, len(steps) // 5):] if steps else []   # the last fifth of training
+def paired_differences(rows, baseline=None):
+    """Every group against the baseline group (the GRPO runs, unless named), seed by seed.
 
-    def mean(key):
-        vals = [m[k] for m in last for k in key if m.get(k) is not None]
-        return sum(vals) / len(vals) if vals else None
-    return {"run": run_dir, "group": group_name(run_dir), "warmup_macro": warmup_em.get(sft_path), **em,
-            "modulated_frac": mean(["modulated_frac"]),
-            "gap_pos": mean(["search_gap_pos", "answer_gap_pos"]),   # mean action-token gap, A > 0
-            "gap_neg": mean(["search_gap_neg", "answer_gap_neg"]),   # and A < 0
-            "wall_min": sum(m["step_s"] for m in steps) / 60 if steps else None}
+    Returns {group: {"seeds": [...], "diff": {seed: {macro, hop1, hop2}}, "macro": (mean, lo, hi)}}
+    where the interval is the 95% t-interval of the mean paired macro difference over seeds.
+    """
+    groups = {}
+    for r in rows:
+        groups.setdefault(r["group"], {})[r["seed"]] = r
+    if baseline is None:
+        grpo_groups = sorted({r["group"] for r in rows if r["method"] == "grpo"})
+        if len(grpo_groups) != 1:
+            return {}       # nothing to pair with, or ambiguous: --baseline names it
+        baseline = grpo_groups[0]
+    if baseline not in groups:
+        raise SystemExit(f"--baseline {baseline!r}: no such run group; have {', '.join(groups)}")
+    out = {}
+    for name, by_seed in groups.items():
+        seeds = sorted(set(by_seed) & set(groups[baseline]))
+        if name == baseline or not seeds:
+            continue
+        diff = {s: {k: by_seed[s][k] - groups[baseline][s][k] for k in ("macro", "hop1", "hop2")} for s in seeds}
+        out[name] = {"baseline": baseline, "seeds": seeds, "diff": diff,
+                     "macro": t_interval([diff[s]["macro"] for s in seeds])}
+    return out
+
+
+def paired_table(paired):
+    lines = []
+    for name, p in paired.items():
+        lines += [f"{name} − {p['baseline']}, paired by seed:", "",
+                  "| seed | macro diff | 1-hop diff | 2-hop diff |", "|---|---|---|---|"]
+        for s in p["seeds"]:
+            d = p["diff"][s]
+            lines.append(f"| {s} | {d['macro']:+.3f} | {d['hop1']:+.3f} | {d['hop2']:+.3f} |")
+        m, lo, hi = p["macro"]
+        interval = f"[{lo:+.3f}, {hi:+.3f}]" if lo is not None else "(one seed: no interval)"
+        lines += ["", f"mean paired macro difference {m:+.3f}, 95% t-interval {interval} over "
+                      f"{len(p['seeds'])} seeds (t with {len(p['seeds']) - 1} df)", ""]
+    return "\n".join(lines)
+
+
+def credit_sets(cfg, n_questions):
+    """Held-out `test` questions for the report card: a fixed sample, world by world."""
+    sets, k = [], 0
+    while n_questions > 0:
+        world, qs = heldout_questions(cfg, "test", n_questions, world_index=k)
+        sets.append((world, qs))
+        n_questions -= len(qs)
+        k += 1
+    return sets
 
 
 # ----------------------------------------------------------------------------- plots and examples
@@ -120,14 +265,15 @@ def plot_curves(run_dirs, path):
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    panels = [("reward", "sampled train reward"), ("eval_macro", "held-out EM (macro)"),
+    panels = [("reward", "sampled train reward"), ("eval_macro", "held-out EM (quick check)"),
+              ("label_answer_premature", "premature answers (share of answers)"),
               ("kl", "KL to warm-up"), ("modulated_frac", "modulated token fraction")]
-    fig, axes = plt.subplots(1, 4, figsize=(18, 3.8))
+    fig, axes = plt.subplots(1, len(panels), figsize=(22, 3.8))
     for run in run_dirs:
         rows = read_metrics(run)
         for ax, (key, title) in zip(axes, panels):
-            pts = [(m["step"], m[key]) for m in rows if key in m]
-            if key == "reward" and len(pts) > 10:   # smooth the noisy per-step reward
+            pts = [(m["step"], m[key]) for m in rows if m.get(key) is not None]
+            if key in ("reward", "label_answer_premature") and len(pts) > 10:   # smooth the noisy per-step shares
                 k = 10
                 pts = [(pts[i][0], sum(p[1] for p in pts[i - k + 1:i + 1]) / k) for i in range(k - 1, len(pts))]
             if pts:
@@ -192,26 +338,42 @@ def show_episodes(run_dir, k, html_path):
 
 def main(argv):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("runs", nargs="+", help="run directories (OUT_DIR of train.py)")
-    ap.add_argument("--splits", default=",".join(SPLITS), help="comma-separated, e.g. test,ood,train")
-    ap.add_argument("--n", type=int, default=200, help="questions per split")
-    ap.add_argument("--json", default=None, help="also write the rows as JSON here")
+    ap.add_argument("runs", nargs="+", help="run directories (OUT_DIR of train.py) or checkpoint directories")
+    ap.add_argument("--worlds", type=int, default=EVAL_WORLDS, help="held-out worlds to evaluate on")
+    ap.add_argument("--baseline", default=None, help="run group to pair against (default: the GRPO runs)")
+    ap.add_argument("--credit", type=int, nargs="?", const=CREDIT_QUESTIONS, default=0, metavar="Q",
+                    help=f"the teacher's report card on Q held-out questions (default {CREDIT_QUESTIONS})")
+    ap.add_argument("--json", default=None, help="also write the results as JSON here")
     ap.add_argument("--plot", nargs="?", const="curves.png", default=None, help="learning curves PNG")
     ap.add_argument("--show", type=int, default=0, metavar="K", help="print K example groups")
     args = ap.parse_args(argv)
     for run in args.runs:
         if not os.path.isdir(run):
             raise SystemExit(f"{run}: no such run directory")
+    if args.worlds < 1 or args.credit < 0:
+        raise SystemExit(f"--worlds must be >= 1 and --credit >= 0, got {args.worlds} and {args.credit}")
     if args.show:
         show_episodes(args.runs[0], args.show, os.path.join(args.runs[0], "episodes.html"))
         return
-    splits = tuple(s for s in args.splits.split(",") if s)
+    if args.credit:
+        cards = {}
+        for run in args.runs:
+            lm, tok, cfg, _ = load_run(run)
+            with tqdm(total=args.credit, desc=f"credit {run}", dynamic_ncols=True) as bar:
+                cards[run] = credit.report(lm, tok, cfg, credit_sets(cfg, args.credit), progress=bar.update)
+            print(f"\n## {run}\n\n{credit.format_report(cards[run])}")
+        out = args.json or os.path.join(args.runs[0], "credit.json")
+        with open(out, "w") as f:
+            json.dump(cards, f, indent=1)
+        print("wrote", out)
+        return
     warmup_em = {}
-    rows = [run_summary(run, splits, args.n, warmup_em) for run in args.runs]
-    print(results_table(rows, splits))
+    rows = [run_summary(run, args.worlds, warmup_em) for run in tqdm(args.runs, desc="evaluate", dynamic_ncols=True)]
+    paired = paired_differences(rows, args.baseline)
+    print(runs_table(rows), results_table(rows), paired_table(paired), sep="\n\n")
     if args.json:
         with open(args.json, "w") as f:
-            json.dump(rows, f, indent=1)
+            json.dump({"runs": rows, "paired": paired}, f, indent=1)
     if args.plot:
         print("wrote", plot_curves(args.runs, args.plot))
 

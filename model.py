@@ -226,6 +226,7 @@ class Rollouts:
     answers: list               # [N] predicted answer strings (None if none)
     turns: torch.Tensor         # [N] turns used
     questions: list             # [N] the Question of each episode
+    turn_texts: list = None     # [N] each episode's generated turns, as its env read them
 
 
 @torch.no_grad()
@@ -258,6 +259,7 @@ def rollout(model, tokenizer, env_factory, questions, group_size=1, max_turns=4,
     envs = [env_factory(q) for q in episodes]
     transcripts = [Transcript(tokenizer.encode(render_prompt(tokenizer, q), add_special_tokens=False))
                    for q in episodes]
+    turn_texts = [[] for _ in episodes]
     ids, mask = _left_pad([t.ids for t in transcripts], pad_id)   # [B, L]: row r plays episode rows[r]
     rows, cache = list(range(len(episodes))), DynamicCache()
     was_training = model.training
@@ -271,7 +273,8 @@ def rollout(model, tokenizer, env_factory, questions, group_size=1, max_turns=4,
         for r, i in enumerate(rows):
             tokens = _cut_at_stop(new[r].tolist(), stop_ids, pad_id)
             kept[r, :len(tokens)] = 1
-            result = envs[i].step(tokenizer.decode(tokens))
+            turn_texts[i].append(tokenizer.decode(tokens))
+            result = envs[i].step(turn_texts[i][-1])
             kind = result.action.kind
             transcripts[i].add_turn(tokens, kind, turn, open_ids.get(kind))
             obs = tokenizer.encode(result.observation, add_special_tokens=False) if result.observation else []
@@ -289,7 +292,7 @@ def rollout(model, tokenizer, env_factory, questions, group_size=1, max_turns=4,
     model.train(was_training)
     batch = collate(transcripts, pad_id)
     return Rollouts(**batch, rewards=torch.tensor([e.reward for e in envs]),
-                    answers=[e.answer for e in envs], turns=torch.tensor([e.turns for e in envs]),
+                    answers=[e.answer for e in envs], turn_texts=turn_texts, turns=torch.tensor([e.turns for e in envs]),
                     questions=episodes)
 
 

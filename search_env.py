@@ -12,6 +12,8 @@ Everything the agent interacts with lives here:
   until it writes ``<answer> a </answer>``.
 * ``exact_match`` is the reward (SQuAD normalisation).
 * ``expert_episode`` writes demonstrations through the real env for the supervised warm-up.
+* ``label_actions`` grades each generated action against the truth a synthetic world knows
+  (the oracle that EviSD's teacher is measured against, see credit.py).
 * ``load_jsonl`` reads a real corpus and question file into the same ``World``.
 
 Run ``python search_env.py`` for a ten-second tour of a world.
@@ -492,6 +494,56 @@ def expert_episode(question, world, noise=0.0, rng=None, max_turns=4, top_k=3, s
             fact, answer = question.hop_facts[-1], question.answers[0]
         act(f"{THINK} {fact}. {THINK_END}{ANSWER} {answer} {ANSWER_END}")
     return Episode(question, turns, observations, env.reward, env.answer)
+
+
+# ----------------------------------------------------------------------------- oracle labels
+@dataclass
+class ActionLabel:
+    kind: str            # "search" | "answer" | "invalid"
+    label: str           # search: hit | repeat | miss; answer: correct | premature | wrong; invalid
+    decision_ok: bool    # was the opening tag's choice right? None for invalid turns
+    docs: list = field(default_factory=list)   # search: ids of the documents it retrieves
+
+GOOD_LABELS = ("hit", "correct")    # every other label of an action's content is a bad one
+
+
+def label_actions(question, world, turns, top_k=3):
+    """One ``ActionLabel`` per generated turn of an episode, from what its searches retrieve.
+
+    search: ``hit`` if it retrieves an evidence document not seen before in the episode,
+    ``repeat`` if it retrieves only evidence already seen, ``miss`` if no evidence at all.
+    answer: ``correct`` (EM 1), ``premature`` (it names an intermediate entity of the chain,
+    such as the bridge of a 2-hop question), ``wrong`` (anything else).
+    The decision the opening tag makes: answering is right once every evidence document has
+    been retrieved, searching is right while one has not.
+    A search on the last allowed turn, which the env no longer runs, is graded by what it would
+    retrieve (BM25 is deterministic): the label grades the query. Returns None for questions
+    without an oracle chain (``load_jsonl`` worlds).
+    """
+    if not question.hop_queries:
+        return None
+    evidence, seen, labels = set(question.evidence), set(), []
+    intermediates = question.hop_queries[1:]
+    for text in turns:
+        action = parse_action(text)
+        all_seen = evidence <= seen
+        if action.kind == "search":
+            docs = [d.id for d in world.search(action.content, top_k)]
+            found = evidence.intersection(docs)
+            label = "hit" if found - seen else ("repeat" if found else "miss")
+            labels.append(ActionLabel("search", label, not all_seen, docs))
+            seen |= found
+        elif action.kind == "answer":
+            if exact_match(action.content, question.answers):
+                label = "correct"
+            elif exact_match(action.content, intermediates):
+                label = "premature"
+            else:
+                label = "wrong"
+            labels.append(ActionLabel("answer", label, all_seen))
+        else:
+            labels.append(ActionLabel("invalid", "invalid", None))
+    return labels
 
 
 # ----------------------------------------------------------------------------- real data

@@ -26,6 +26,7 @@ import torch
 import torch.distributed as dist
 from tqdm import tqdm
 
+import credit
 import evisd
 import grpo
 import model as M
@@ -72,7 +73,7 @@ BOUNDED = True               # False: drop the clip (ablation)
 # evaluation and I/O
 EVAL_EVERY = 20
 EVAL_QUESTIONS = 50         # per held-out split
-EVAL_SEED = 1_000_000        # held-out world; training worlds use seeds below this
+EVAL_SEED = 1_000_000        # held-out worlds: this seed and up (RL worlds below, warm-up 2,000,000+)
 CKPT_EVERY = 50
 OUT_DIR = "out/run"
 # system
@@ -115,6 +116,10 @@ def parse_overrides(argv, defaults):
     for name in ("SFT_STEPS", "RL_STEPS", "EVAL_EVERY", "CKPT_EVERY"):
         if config[name] < 0:
             raise SystemExit(f"{name} must be >= 0, got {config[name]}")
+    if config["SEED"] < 0 or config["SEED"] * 100_000 + config["RL_STEPS"] >= config["EVAL_SEED"]:
+        raise SystemExit(f"SEED={config['SEED']}: training worlds (seeds SEED * 100,000 + step) must "
+                         f"stay below the held-out worlds (EVAL_SEED={config['EVAL_SEED']} and up); "
+                         f"use a SEED from 0 to {(config['EVAL_SEED'] - config['RL_STEPS'] - 1) // 100_000}")
     if config["GROUP_SIZE"] < 2:
         raise SystemExit(f"GROUP_SIZE must be >= 2 (GRPO compares samples), got {config['GROUP_SIZE']}")
     return config, resume
@@ -314,10 +319,12 @@ def update(cfg, r, world, policy, lm, ref, tokenizer, opt, device, dtype):
                    gen_tokens=int(r.gen_mask.sum()), teacher_s=t_teacher,
                    answered=sum(a is not None for a in r.answers) / len(r.answers))
     metrics["em"] = metrics["reward"]   # the reward is exact match
+    # What the policy does, by the world's oracle: premature answers, missed searches, ...
+    metrics.update(credit.label_shares(credit.episode_labels(r, world, cfg["TOP_K"])))
     return metrics
 
 
-# Averaged over ranks under DDP; the gap statistics stay those of rank 0's shard.
+# Averaged over ranks under DDP; the gap statistics and label shares stay those of rank 0's shard.
 REDUCED = ("reward", "em", "loss", "kl", "clip_frac", "ratio", "turns", "answered", "tokens",
            "gen_tokens", "modulated_frac")
 

@@ -80,12 +80,14 @@ def test_smoke_run_resume_and_evaluate(tmp_path):
     run(tmp_path, "part", "--resume")
     assert strip_timing(rows(part)) == strip_timing(logged)
 
-    # evaluate.py: the table, the JSON rows and the PNG.
+    # evaluate.py: the tables, the JSON rows and the PNG.
     png, js = str(tmp_path / "curves.png"), str(tmp_path / "rows.json")
-    evaluate.main([full, part, "--n", "3", "--json", js, "--plot", png])
+    evaluate.main([full, part, "--worlds", "1", "--json", js, "--plot", png])
     assert os.path.getsize(png) > 10_000
-    got = json.load(open(js))
-    assert len(got) == 2 and got[0]["test"] == got[1]["test"] and "macro" in got[0]
+    got = json.load(open(js))["runs"]
+    assert len(got) == 2 and got[0]["hop1"] == got[1]["hop1"] and got[0]["hop1_n"] > 0
+    assert got[0]["hop3_n"] > 0 and got[0]["macro"] == (got[0]["hop1"] + got[0]["hop2"]) / 2
+    assert "label_answer_premature" in steps[0] and "label_search_miss" in steps[0]
     evaluate.main([full, "--show", "1"])
     assert "gap" in open(os.path.join(full, "episodes.html")).read()
 
@@ -109,3 +111,26 @@ def test_warmup_demonstrator_stops_early_only_when_asked():
     assert max(searches_per_episode(0.0, 0.0)) == 2          # two-hop demos search twice
     assert max(searches_per_episode(1.0, 0.0)) == 1          # ... unless they stop early
     assert max(searches_per_episode(1.0, 1.0)) == 2          # the privileged demos never do
+
+
+def test_paired_table_and_credit_report_on_tiny_runs(tmp_path, capsys):
+    evisd_run = run(tmp_path, "evisd-s0", "--RL_STEPS=1", "--EVAL_EVERY=0", "--PPO_EPOCHS=1")
+    grpo_run = run(tmp_path, "grpo-s0", "--RL_STEPS=1", "--EVAL_EVERY=0", "--PPO_EPOCHS=1", "--METHOD=grpo")
+    js = str(tmp_path / "rows.json")
+    evaluate.main([evisd_run, grpo_run, "--worlds", "1", "--json", js])
+    got = json.load(open(js))
+    runs = {r["group"]: r for r in got["runs"]}
+    pair = got["paired"]["evisd"]
+    assert pair["baseline"] == "grpo" and pair["seeds"] == [0]
+    assert pair["diff"]["0"]["macro"] == pytest.approx(runs["evisd"]["macro"] - runs["grpo"]["macro"])
+    assert "mean paired macro difference" in capsys.readouterr().out
+    # The report card, on the run and on its warm-up checkpoint directory.
+    sft = next(os.path.join(tmp_path, d) for d in os.listdir(tmp_path) if d.startswith("sft-"))
+    card_path = str(tmp_path / "credit.json")
+    evaluate.main([evisd_run, sft, "--credit", "4", "--json", card_path])
+    cards = json.load(open(card_path))
+    assert set(cards) == {evisd_run, sft}
+    for card in cards.values():
+        assert card["episodes"] == 4 * 2 and set(card["parts"]) >= {"all", "search_tag", "answer_content"}
+        assert 0.0 <= card["shares"]["label_invalid"] <= 1.0
+    assert "AUC of gap" in capsys.readouterr().out

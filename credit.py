@@ -1,0 +1,208 @@
+"""The credit-assignment lab: does the teacher's gap point the right way?
+
+EviSD rescales the advantage of each action token by w = clip(exp(sign(A)·g), 1−ε, 1+ε), with
+g = log p_teacher − log p_student. Whatever the sign of A, that moves credit the right way
+exactly when g > 0 on good actions and g < 0 on bad ones: a good search in a failed episode is
+penalised less, a premature answer in a lucky one rewarded less. A synthetic world knows
+which actions were good (``search_env.label_actions``), so the teacher can be graded:
+
+* ``action_records`` cuts every action of the scored episodes into its *decision tag* (the
+  opening ``<search>``/``<answer>``: search now or answer now?) and its *content* (the query
+  or the answer, with the closing tag), each with its oracle label, its mean gap and mean w;
+* ``auc`` is the probability that a good action's gap exceeds a bad one's (0.5: the teacher
+  knows nothing; 1.0: it separates them perfectly);
+* ``misassigned_mass`` is the share of Σ|Â| over action tokens whose sign disagrees with the
+  label, for GRPO (Â = A) and for EviSD (Â = A·w) on the same batch;
+* ``report`` samples groups on held-out questions as training does and puts it all together;
+  ``python evaluate.py RUN --credit`` prints it.
+
+``label_shares`` gives the same labels' shares for the metrics of every training step.
+"""
+from collections import defaultdict
+
+import torch
+
+import evisd
+import grpo
+import model as M
+import search_env as se
+
+PARTS = ("tag", "content")
+
+
+def mean(values):
+    return sum(values) / len(values)
+
+
+# ----------------------------------------------------------------------------- labels per step
+def episode_labels(rollouts, world, top_k):
+    """The oracle labels of every episode of a Rollouts batch: a list (None where unknown)."""
+    return [se.label_actions(q, world, turns, top_k) if turns is not None else None
+            for q, turns in zip(rollouts.questions, rollouts.turn_texts or [None] * len(rollouts.questions))]
+
+
+def label_shares(labels):
+    """What the policy does, as shares: each search label among searches, each answer label
+    among answers, wrong decisions among actions, invalid turns among turns. Free in training
+    (BM25 is cheap), so the curves show *what* RL fixes."""
+    counts = defaultdict(int)
+    for episode in labels:
+        for a in episode or []:
+            counts[a.kind] += 1
+            counts[f"{a.kind}_{a.label}"] += 1
+            counts["decision_wrong"] += a.decision_ok is False
+    turns = counts["search"] + counts["answer"] + counts["invalid"]
+    out = {}
+    for kind, names in (("search", ("hit", "repeat", "miss")), ("answer", ("correct", "premature", "wrong"))):
+        for name in names:
+            out[f"label_{kind}_{name}"] = counts[f"{kind}_{name}"] / counts[kind] if counts[kind] else None
+    out["label_decision_wrong"] = counts["decision_wrong"] / max(turns - counts["invalid"], 1)
+    out["label_invalid"] = counts["invalid"] / max(turns, 1)
+    return out
+
+
+# ----------------------------------------------------------------------------- the report card
+def action_records(rollouts, labels, adv, gap, weight, tokenizer, rows):
+    """One record per (action, part) of the episodes in ``rows``.
+
+    adv [N]; gap, weight [N, T] (g and w per token). The decision tag is the opening tag's
+    tokens (one for the embedded tokenizer); the content is the rest of the span. A tag is
+    good when its decision was right, content when its label is in ``GOOD_LABELS``.
+    """
+    tag_len = {k: len(tokenizer.encode(t, add_special_tokens=False))
+               for k, t in (("search", se.SEARCH), ("answer", se.ANSWER))}
+    records = []
+    for i in rows:
+        if labels[i] is None:
+            continue
+        for start, end, kind, turn in rollouts.spans[i]:
+            if kind not in tag_len:
+                continue
+            lab = labels[i][turn]
+            cut = min(start + tag_len[kind], end)
+            for part, (a, b), good, name in (
+                    ("tag", (start, cut), lab.decision_ok, "right" if lab.decision_ok else "wrong"),
+                    ("content", (cut, end), lab.label in se.GOOD_LABELS, lab.label)):
+                if b <= a:
+                    continue
+                records.append(dict(kind=kind, part=part, label=name, good=bool(good),
+                                    sign=1 if adv[i] > 0 else -1, adv=float(adv[i]), episode=i,
+                                    start=a, end=b, gap=gap[i, a:b].mean().item(),
+                                    w=weight[i, a:b].mean().item()))
+    return records
+
+
+def auc(good, bad):
+    """P(a good score > a bad one) + ½ P(tie): the Mann-Whitney U statistic over all pairs.
+    None when either side is empty."""
+    if not good or not bad:
+        return None
+    g, b = torch.tensor(good, dtype=torch.float64), torch.tensor(bad, dtype=torch.float64)
+    greater = (g[:, None] > b[None, :]).double().mean()
+    ties = (g[:, None] == b[None, :]).double().mean()
+    return (greater + 0.5 * ties).item()
+
+
+def misassigned_mass(token_adv, token_sign):
+    """Share of Σ|Â| on labelled tokens whose sign disagrees with the label.
+
+    token_adv [N, T]; token_sign [N, T]: +1 on good tokens, −1 on bad, 0 where unlabelled.
+    None when no labelled token carries any advantage.
+    """
+    labelled = token_sign != 0
+    total = token_adv.abs()[labelled].sum()
+    wrong = token_adv.abs()[labelled & (torch.sign(token_adv) == -token_sign)].sum()
+    return (wrong / total).item() if total > 0 else None
+
+
+def summarise(records, adv, token_adv, shape):
+    """The report card from action records: table rows, AUCs and misassigned masses."""
+    table = defaultdict(list)
+    for r in records:
+        table[(r["kind"], r["part"], r["label"], r["sign"])].append(r)
+    order = lambda key: (key[0] != "search", PARTS.index(key[1]), key[2], -key[3])
+    rows = [dict(kind=k, part=p, label=l, sign="A>0" if s > 0 else "A<0", count=len(table[k, p, l, s]),
+                 gap=mean([r["gap"] for r in table[k, p, l, s]]), w=mean([r["w"] for r in table[k, p, l, s]]))
+            for k, p, l, s in sorted(table, key=order)]
+    sign = {key: torch.zeros(shape) for key in ("all", *((k, p) for k in ("search", "answer") for p in PARTS))}
+    for r in records:
+        for key in ("all", (r["kind"], r["part"])):
+            sign[key][r["episode"], r["start"]:r["end"]] = 1.0 if r["good"] else -1.0
+    grpo_adv = adv[:, None].expand(shape)
+    parts = {}
+    for key, s in sign.items():
+        rs = [r for r in records if key == "all" or (r["kind"], r["part"]) == key]
+        name = key if key == "all" else f"{key[0]}_{key[1]}"
+        parts[name] = dict(
+            actions=len(rs), good=sum(r["good"] for r in rs),
+            auc=auc([r["gap"] for r in rs if r["good"]], [r["gap"] for r in rs if not r["good"]]),
+            misassigned_grpo=misassigned_mass(grpo_adv, s), misassigned_evisd=misassigned_mass(token_adv, s))
+    return {"rows": rows, "parts": parts}
+
+
+@torch.no_grad()
+def score_batch(lm, tokenizer, cfg, world, rollouts):
+    """What one training step computes for a batch: A, the student's log-probs, the teacher's
+    (on the episodes with A != 0, as train.py scores them) and EviSD's Â. Returns
+    (adv [N], gap [N, T], w [N, T], token_adv [N, T], rows)."""
+    adv = grpo.group_advantages(rollouts.rewards, cfg["GROUP_SIZE"])              # [N]
+    lp_s = M.token_logprobs(lm, rollouts.input_ids, rollouts.attention_mask, rollouts.gen_mask,
+                            temperature=cfg["TEMPERATURE"])                        # [N, T]
+    rows = adv.nonzero().squeeze(1).tolist()
+    lp_t = evisd.teacher_scores(lm, rollouts, world, tokenizer, lp_s, rows, cfg["USE_SEARCH_EVIDENCE"],
+                                cfg["USE_ANSWER_PRIVILEGE"], cfg["TEMPERATURE"])
+    token_adv, _ = evisd.evisd_advantages(adv, lp_s, lp_t, rollouts.gen_mask, rollouts.action_kind,
+                                          cfg["EVISD_EPS"], cfg["EVISD_TAU"], cfg["USE_SEARCH_EVIDENCE"],
+                                          cfg["USE_ANSWER_PRIVILEGE"], cfg["BOUNDED"])
+    w = token_adv / torch.where(adv == 0, 1.0, adv)[:, None]   # Â / A: EviSD's factor per token
+    return adv, lp_t - lp_s, w, token_adv, rows
+
+
+def report(lm, tokenizer, cfg, sets, seed=0, progress=None):
+    """The report card on held-out questions. ``sets``: [(world, questions)]; each world's
+    questions are played in chunks of QUESTIONS_PER_STEP, GROUP_SIZE samples at TEMPERATURE,
+    exactly like training batches. Returns a JSON-ready dict (see ``summarise``) with the
+    label counts of the sampled actions."""
+    lm.eval()
+    records, labels_all, n_episodes = [], [], 0
+    all_adv, all_tok, width = [], [], 0
+    for world, questions in sets:
+        env = lambda q: se.SearchEnv(world, q, max_turns=cfg["MAX_TURNS"], top_k=cfg["TOP_K"])
+        for c in range(0, len(questions), cfg["QUESTIONS_PER_STEP"]):
+            torch.manual_seed(seed * 1_000_003 + n_episodes)
+            r = M.rollout(lm, tokenizer, env, questions[c:c + cfg["QUESTIONS_PER_STEP"]], cfg["GROUP_SIZE"],
+                          cfg["MAX_TURNS"], cfg["MAX_NEW_TOKENS"], cfg["TEMPERATURE"])
+            labels = episode_labels(r, world, cfg["TOP_K"])
+            adv, gap, w, token_adv, rows = score_batch(lm, tokenizer, cfg, world, r)
+            for rec in action_records(r, labels, adv, gap, w, tokenizer, rows):
+                rec["episode"] += n_episodes    # index into the concatenated batch below
+                records.append(rec)
+            all_adv.append(adv)
+            all_tok.append(token_adv)
+            width = max(width, token_adv.shape[1])
+            labels_all += labels
+            n_episodes += len(adv)
+            if progress:
+                progress(len(questions[c:c + cfg["QUESTIONS_PER_STEP"]]))
+    adv = torch.cat(all_adv)
+    token_adv = torch.cat([torch.nn.functional.pad(t, (0, width - t.shape[1])) for t in all_tok])
+    out = summarise(records, adv, token_adv, token_adv.shape)
+    out.update(episodes=n_episodes, scored_episodes=int((adv != 0).sum()),
+               shares=label_shares(labels_all))
+    return out
+
+
+def format_report(card):
+    """The report card as Markdown: one table of rows, one of AUCs and misassigned masses."""
+    lines = [f"{card['episodes']} episodes, {card['scored_episodes']} with A != 0 (scored)", "",
+             "| kind | part | label | A | actions | mean gap | mean w |", "|---|---|---|---|---|---|---|"]
+    for r in card["rows"]:
+        lines.append(f"| {r['kind']} | {r['part']} | {r['label']} | {r['sign']} | {r['count']} | "
+                     f"{r['gap']:+.3f} | {r['w']:.3f} |")
+    lines += ["", "| kind / part | actions (good) | AUC of gap | misassigned Σ|Â| GRPO | EviSD |",
+              "|---|---|---|---|---|"]
+    fmt = lambda v: "–" if v is None else f"{v:.3f}"
+    for name, p in card["parts"].items():
+        lines.append(f"| {name} | {p['actions']} ({p['good']}) | {fmt(p['auc'])} | "
+                     f"{fmt(p['misassigned_grpo'])} | {fmt(p['misassigned_evisd'])} |")
+    return "\n".join(lines)

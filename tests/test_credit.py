@@ -1,0 +1,186 @@
+"""Tests for the credit-assignment lab: oracle labels (search_env.label_actions), the report card's
+AUC and misassigned mass (credit.py), and the intervals of evaluate.py."""
+import math
+import os
+
+import pytest
+import torch
+
+import credit
+import evaluate
+import model as M
+import search_env as se
+
+S, S_, A, A_ = se.SEARCH, se.SEARCH_END, se.ANSWER, se.ANSWER_END
+
+
+@pytest.fixture(scope="module")
+def world():
+    return se.make_world(seed=0)
+
+
+def first(world, split, hops):
+    return next(q for q in world.split(split) if q.hops == hops)
+
+
+def search(query):
+    return f"<think> look. </think>{S} {query} {S_}"
+
+
+def answer(text):
+    return f"<think> done. </think>{A} {text} {A_}"
+
+
+def labels(world, q, turns):
+    return [(a.kind, a.label, a.decision_ok) for a in se.label_actions(q, world, turns)]
+
+
+def test_labels_of_a_clean_two_hop_episode(world):
+    q = first(world, "train", 2)
+    bridge = q.hop_queries[1]
+    assert labels(world, q, [search(q.hop_queries[0]), search(bridge), answer(q.answers[0])]) == [
+        ("search", "hit", True), ("search", "hit", True), ("answer", "correct", True)]
+
+
+def test_premature_answer_is_the_bridge_and_a_wrong_decision(world):
+    q = first(world, "train", 2)
+    bridge = q.hop_queries[1]
+    assert labels(world, q, [search(q.hop_queries[0]), answer(bridge)]) == [
+        ("search", "hit", True), ("answer", "premature", False)]
+    # The same bridge answer after all the evidence is in: the decision was right, the content not.
+    assert labels(world, q, [search(q.hop_queries[0]), search(bridge), answer(bridge)])[-1] == \
+        ("answer", "premature", True)
+
+
+def test_repeat_miss_wrong_invalid_and_searching_too_long(world):
+    q = first(world, "train", 2)
+    got = labels(world, q, ["no tags at all", search(q.hop_queries[0]), search(q.hop_queries[0]),
+                            search("zzz qqq"), answer("somebody else")])
+    assert got == [("invalid", "invalid", None), ("search", "hit", True), ("search", "repeat", True),
+                   ("search", "miss", True), ("answer", "wrong", False)]
+    q1 = first(world, "train", 1)
+    # Once the only evidence document is in, another search is the wrong decision.
+    assert labels(world, q1, [search(q1.hop_queries[0]), search(q1.hop_queries[0]), answer(q1.answers[0])]) == [
+        ("search", "hit", True), ("search", "repeat", False), ("answer", "correct", True)]
+
+
+def test_a_search_that_finds_only_other_documents_is_a_miss(world):
+    q = first(world, "train", 2)
+    other = next(d.title for d in world.docs if d.id not in q.evidence and d.title not in q.hop_queries)
+    (got,) = se.label_actions(q, world, [search(other)])
+    assert got.label == "miss" and got.docs and not set(got.docs) & set(q.evidence)
+
+
+def test_three_hop_chain(world):
+    q = first(world, "ood", 3)
+    h0, h1, h2 = q.hop_queries
+    assert labels(world, q, [search(h0), search(h1), answer(h2)]) == [
+        ("search", "hit", True), ("search", "hit", True), ("answer", "premature", False)]
+    assert labels(world, q, [search(h0), answer(h1)])[-1] == ("answer", "premature", False)
+    assert labels(world, q, [search(h0), search(h1), search(h2), answer(q.answers[0])]) == [
+        ("search", "hit", True)] * 3 + [("answer", "correct", True)]
+
+
+def test_no_oracle_for_real_data():
+    data = os.path.join(os.path.dirname(__file__), "data")
+    w = se.load_jsonl(os.path.join(data, "corpus.jsonl"), os.path.join(data, "questions.jsonl"))
+    assert se.label_actions(w.questions[0], w, [search("x")]) is None
+
+
+def test_label_shares(world):
+    q = first(world, "train", 2)
+    eps = [se.label_actions(q, world, [search(q.hop_queries[0]), answer(q.hop_queries[1])]),
+           se.label_actions(q, world, [search("zzz"), "junk", answer(q.answers[0])]), None]
+    got = credit.label_shares(eps)
+    assert got["label_answer_premature"] == 0.5 and got["label_answer_correct"] == 0.5
+    assert got["label_search_miss"] == 0.5 and got["label_search_hit"] == 0.5
+    assert got["label_invalid"] == pytest.approx(1 / 5)
+    # Wrong decisions: the premature answer, and answering after a miss.
+    assert got["label_decision_wrong"] == pytest.approx(2 / 4)
+
+
+def test_auc():
+    assert credit.auc([3.0, 2.0], [1.0, 0.0]) == 1.0
+    assert credit.auc([0.0], [1.0, 2.0]) == 0.0
+    assert credit.auc([1.0], [1.0]) == 0.5
+    assert credit.auc([2.0, 0.0], [1.0]) == 0.5
+    assert credit.auc([3.0, 1.0, 0.0], [2.0, -1.0]) == pytest.approx(4 / 6)
+    assert credit.auc([], [1.0]) is None
+
+
+def test_misassigned_mass():
+    token_adv = torch.tensor([[1.0, 1.0, -2.0, 5.0], [-1.0, -3.0, 0.0, 0.0]])
+    sign = torch.tensor([[1.0, -1.0, -1.0, 0.0], [1.0, -1.0, 1.0, 0.0]])
+    # Labelled tokens carry |Â| 1, 1, 2, 1, 3, 0: the misassigned ones are the +1 on a bad token
+    # and the −1 on a good one; the unlabelled 5 does not count.
+    assert credit.misassigned_mass(token_adv, sign) == pytest.approx(2 / 8)
+    assert credit.misassigned_mass(token_adv, torch.zeros_like(sign)) is None
+
+
+def test_report_card_on_a_scripted_batch(world):
+    """Two episodes of one 2-hop question: a clean success (A > 0) and a premature answer after
+    a good first search (A < 0). A teacher whose gap is +1 on good parts and −1 on bad ones
+    separates them perfectly (AUC 1) and lowers the misassigned mass below GRPO's."""
+    q = first(world, "train", 2)
+    tok = M.build_tokenizer(M.tokenizer_texts(seeds=(0,)))
+    good = se.expert_episode(q, world)
+    bad = se.expert_episode(q, world, stop_early=1.0)
+    trs = [M.encode_episode(tok, M.render_prompt(tok, q), e.turns, e.observations) for e in (good, bad)]
+    r = M.Rollouts(**M.collate(trs, tok.pad_token_id), rewards=torch.tensor([1.0, 0.0]),
+                   answers=[good.answer, bad.answer], turns=torch.tensor([3, 2]), questions=[q, q],
+                   turn_texts=[good.turns, bad.turns])
+    labs = credit.episode_labels(r, world, top_k=3)
+    assert [a.label for a in labs[1]] == ["hit", "premature"]
+    adv = torch.tensor([0.7, -0.7])
+    gap = torch.zeros(r.input_ids.shape)
+    records = credit.action_records(r, labs, adv, gap, torch.ones_like(gap), tok, rows=[0, 1])
+    # Each action is cut into a one-token tag and its content; 3 + 2 actions.
+    assert [(x["kind"], x["part"], x["label"]) for x in records if x["episode"] == 1] == [
+        ("search", "tag", "right"), ("search", "content", "hit"),
+        ("answer", "tag", "wrong"), ("answer", "content", "premature")]
+    assert all(x["end"] - x["start"] == 1 for x in records if x["part"] == "tag")
+    for x in records:
+        gap[x["episode"], x["start"]:x["end"]] = 1.0 if x["good"] else -1.0
+    w = torch.exp(torch.sign(adv)[:, None] * gap).clamp(0.8, 1.2)
+    token_adv = adv[:, None] * w * r.gen_mask
+    card = credit.summarise(credit.action_records(r, labs, adv, gap, w, tok, rows=[0, 1]),
+                            adv, token_adv, token_adv.shape)
+    assert card["parts"]["all"]["auc"] == 1.0
+    assert card["parts"]["all"]["actions"] == 10 and card["parts"]["all"]["good"] == 8
+    # Only the bad episode's good first search (its tag and its query) carries misassigned mass.
+    tokens = lambda xs: sum(x["end"] - x["start"] for x in xs)
+    good_search_of_bad = [x for x in records if x["episode"] == 1 and x["kind"] == "search"]
+    assert card["parts"]["all"]["misassigned_grpo"] == pytest.approx(tokens(good_search_of_bad) / tokens(records))
+    assert card["parts"]["all"]["misassigned_evisd"] < card["parts"]["all"]["misassigned_grpo"]
+    row = next(x for x in card["rows"] if x["kind"] == "answer" and x["part"] == "tag" and x["label"] == "wrong")
+    assert row == dict(kind="answer", part="tag", label="wrong", sign="A<0", count=1, gap=-1.0,
+                       w=pytest.approx(1.2))
+    assert "| answer | tag | wrong | A<0 | 1 | -1.000 | 1.200 |" in credit.format_report(
+        dict(card, episodes=2, scored_episodes=2))
+
+
+def test_t_interval_by_hand():
+    m, lo, hi = evaluate.t_interval([1.0, 2.0, 3.0, 4.0])
+    half = 3.182 * math.sqrt(5 / 3) / 2          # t_0.975(3) · s / √n, s² = 5/3
+    assert m == 2.5 and lo == pytest.approx(2.5 - half) and hi == pytest.approx(2.5 + half)
+    assert evaluate.t_interval([0.5]) == (0.5, None, None)
+
+
+def test_wilson_interval_by_hand():
+    lo, hi = evaluate.wilson(5, 10)
+    assert lo == pytest.approx(0.2366, abs=1e-4) and hi == pytest.approx(0.7634, abs=1e-4)
+    lo, hi = evaluate.wilson(0, 100)
+    assert lo == pytest.approx(0.0, abs=1e-12) and hi == pytest.approx(0.0370, abs=1e-4)
+
+
+def test_paired_differences():
+    rows = [dict(group=g, method=m, seed=s, macro=v, hop1=v, hop2=v)
+            for g, m, vals in (("evisd", "evisd", (0.5, 0.6, 0.7)), ("grpo", "grpo", (0.4, 0.6, 0.5)))
+            for s, v in enumerate(vals)]
+    rows.append(dict(group="evisd", method="evisd", seed=9, macro=1.0, hop1=1.0, hop2=1.0))  # no pair
+    p = evaluate.paired_differences(rows)["evisd"]
+    assert p["baseline"] == "grpo" and p["seeds"] == [0, 1, 2]
+    assert [p["diff"][s]["macro"] for s in (0, 1, 2)] == pytest.approx([0.1, 0.0, 0.2])
+    assert p["macro"] == pytest.approx(evaluate.t_interval([0.1, 0.0, 0.2]))
+    with pytest.raises(SystemExit, match="no such run group"):
+        evaluate.paired_differences(rows, baseline="ppo")
