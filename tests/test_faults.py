@@ -2,6 +2,7 @@
 directories, changed settings on resume, damaged checkpoints and save leftovers, SIGTERM, and
 model output that is not valid Unicode."""
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -96,6 +97,15 @@ def test_every_kind_of_damage_makes_a_checkpoint_unreadable(run_copy, capsys, da
     path, _, _, loaded = evaluate.load_checkpoint(out)
     assert path == os.path.join(out, "ckpt-000001") and loaded["step"] == 1
     assert f"checkpoint {ckpt} is unreadable" in capsys.readouterr().err
+
+
+def test_damaged_cached_warmup_stops_with_its_path(finished, tmp_path):
+    (name,) = [d for d in os.listdir(finished) if d.startswith("sft-")]
+    shutil.copytree(finished / name, tmp_path / name)
+    os.remove(tmp_path / name / "model.safetensors")
+    with pytest.raises(SystemExit, match=re.escape(f"the cached warm-up {tmp_path / name} is unreadable")
+                       + ".*delete that directory and the warm-up is trained again"):
+        train.main(BASE + [f"--OUT_DIR={tmp_path}/run", f"--SFT_DIR={tmp_path}/sft"])
 
 
 def test_reused_out_dir_stops_unless_told_to_overwrite(run_copy):
