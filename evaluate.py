@@ -119,27 +119,70 @@ def t_interval(values):
 
 
 # ----------------------------------------------------------------------------- runs
-def latest_checkpoint(out_dir):
-    """The newest ``ckpt-NNNNNN`` directory of a run, or None."""
-    names = sorted(n for n in os.listdir(out_dir) if n.startswith("ckpt-") and n[5:].isdigit()) \
-        if os.path.isdir(out_dir) else []
-    return os.path.join(out_dir, names[-1]) if names else None
+def checkpoints(out_dir):
+    """A run's ``ckpt-NNNNNN`` directories, oldest first. The ``.tmp`` and ``.old`` leftovers of
+    an interrupted save are not checkpoints."""
+    names = [n for n in os.listdir(out_dir) if re.fullmatch(r"ckpt-\d+", n)] if os.path.isdir(out_dir) else []
+    return [os.path.join(out_dir, n) for n in sorted(names, key=lambda n: int(n[5:]))]
+
+
+def load_checkpoint(out_dir):
+    """(path, model, tokenizer, training state) of the newest readable checkpoint, or None.
+
+    One whose weights, tokenizer or state.pt are missing or damaged is reported by name, and
+    the one before it is tried (train.py keeps two)."""
+    for path in reversed(checkpoints(out_dir)):
+        try:
+            lm, tok = M.load_model(path, local_files_only=True)
+            state = torch.load(os.path.join(path, "state.pt"), weights_only=False)
+            missing = [k for k in ("step", "bad_steps", "optimizer", "rng", "config") if k not in state]
+            if missing:
+                raise KeyError(f"state.pt has no {', '.join(missing)}")
+            return path, lm, tok, state
+        # A damaged file fails in many ways (OSError, a zip, pickle or safetensors error, ...):
+        # any of them means this checkpoint cannot be used.
+        except Exception as e:
+            why = (str(e).strip().splitlines() or [""])[0]
+            print(f"warning: checkpoint {path} is unreadable ({type(e).__name__}: {why}); "
+                  "trying an older one", file=sys.stderr)
+    return None
 
 
 def load_run(run_dir):
-    """(model, tokenizer, config, warm-up checkpoint path) of a run's latest checkpoint, or of
-    a checkpoint directory itself (a ``ckpt-*`` or a warm-up ``sft-*``)."""
-    ckpt = run_dir if os.path.exists(os.path.join(run_dir, "state.pt")) else latest_checkpoint(run_dir)
-    if ckpt is None:
-        raise SystemExit(f"{run_dir}: no checkpoint (ckpt-*) found; has it trained?")
-    lm, tok = M.load_model(ckpt, local_files_only=True)
-    state = torch.load(os.path.join(ckpt, "state.pt"), weights_only=False)
+    """(model, tokenizer, config, warm-up checkpoint path) of a run's newest readable checkpoint,
+    or of a checkpoint directory itself (a ``ckpt-*`` or a warm-up ``sft-*``)."""
+    if os.path.exists(os.path.join(run_dir, "state.pt")):
+        lm, tok = M.load_model(run_dir, local_files_only=True)
+        state = torch.load(os.path.join(run_dir, "state.pt"), weights_only=False)
+    else:
+        found = load_checkpoint(run_dir)
+        if found is None:
+            raise SystemExit(f"{run_dir}: no readable checkpoint (ckpt-*) found; has it trained?")
+        _, lm, tok, state = found
     return lm.eval(), tok, state["config"], state.get("sft_path")
 
 
 def read_metrics(run_dir):
+    """The rows of a run's metrics.jsonl. A line that is not a JSON row with a step (the torn
+    last line of a run killed mid-write) is dropped with a one-line warning; the rest are kept."""
     path = os.path.join(run_dir, "metrics.jsonl")
-    return [json.loads(l) for l in open(path)] if os.path.exists(path) else []
+    if not os.path.exists(path):
+        return []
+    rows, bad = [], []
+    with open(path, encoding="utf-8", errors="replace") as f:
+        for n, line in enumerate(f, 1):
+            try:
+                row = json.loads(line)
+            except ValueError:
+                row = None
+            if isinstance(row, dict) and isinstance(row.get("step"), int):
+                rows.append(row)
+            elif line.strip():
+                bad.append(n)
+    if bad:
+        print(f"warning: {path}: dropped {len(bad)} unreadable line(s), the first is line {bad[0]} "
+              "(a write cut short leaves one)", file=sys.stderr)
+    return rows
 
 
 def group_name(run_dir):
@@ -287,6 +330,13 @@ def plot_curves(run_dirs, path):
     return path
 
 
+def printable(text):
+    """``text`` as stdout can encode it: a lone surrogate or a character the terminal lacks
+    becomes a backslash escape, so no model output can crash a print."""
+    encoding = getattr(sys.stdout, "encoding", None) or "utf-8"
+    return text.encode(encoding, "backslashreplace").decode(encoding)
+
+
 def show_episodes(run_dir, k, html_path):
     """Sample K groups, score them with the teacher, print each action token's gap."""
     import evisd
@@ -309,7 +359,7 @@ def show_episodes(run_dir, k, html_path):
             n = int(r.attention_mask[j].sum())
             p = int(r.prompt_len[j])
             head = f"Q: {r.questions[j].question}  gold={r.questions[j].answers[0]}  reward={r.rewards[j]:.0f}  A={adv[j]:+.2f}"
-            print("\n" + head)
+            print("\n" + printable(head))
             text, page = [], [f"<p><b>{html.escape(head)}</b><br>"]
             for t in range(p, n):
                 piece = tok.decode([int(r.input_ids[j, t])])
@@ -327,9 +377,9 @@ def show_episodes(run_dir, k, html_path):
                 else:
                     text.append(piece)
                     page.append(html.escape(piece))
-            print("".join(text))
+            print(printable("".join(text)))
             pages.append("".join(page) + "</p>")
-    with open(html_path, "w") as f:
+    with open(html_path, "w", encoding="utf-8", errors="backslashreplace") as f:
         f.write("<html><meta charset='utf-8'><body style='font-family:monospace;white-space:pre-wrap'>"
                 "<h3>Teacher-student gap per action token (green: teacher more likely; hover for values)</h3>"
                 + "\n".join(pages) + "</body></html>")

@@ -22,6 +22,7 @@ import json
 import random
 import re
 import string
+import unicodedata
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -164,9 +165,18 @@ def parse_action(turn_text):
 
     Valid: optional free text (thinking) then exactly one ``<search> q </search>`` or
     ``<answer> a </answer>`` at the very end. Anything else is ``invalid``; this never raises.
+    A turn must be valid Unicode (no lone surrogates, which no file or terminal can encode)
+    without control characters (tab and newline are allowed in the thinking, not in the action).
     """
     if not isinstance(turn_text, str):
         return _invalid("not text")
+    try:
+        turn_text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        return _invalid(f"not valid Unicode (lone surrogate U+{ord(turn_text[e.start]):04X})")
+    bad = next((ch for ch in turn_text if unicodedata.category(ch) == "Cc" and ch not in "\t\n\r"), None)
+    if bad is not None:
+        return _invalid(f"control character U+{ord(bad):04X}")
     text = turn_text.strip()
     counts = {t: text.count(t) for t in TAGS}
     if counts[INFO] or counts[INFO_END]:
@@ -187,8 +197,8 @@ def parse_action(turn_text):
     content = text[start + len(open_tag):-len(close_tag)]
     if any(t in content for t in TAGS):
         return _invalid("nested tag")
-    if any(ord(ch) < 32 or ord(ch) == 127 for ch in content):
-        return _invalid("control character")
+    if any(ch in "\t\n\r" for ch in content):
+        return _invalid("tab or line break inside the " + kind)
     content = content.strip()
     if not content:
         return _invalid("empty " + kind)

@@ -3,6 +3,7 @@
     python train.py                                   # embedded tiny model, CPU or one GPU
     python train.py --METHOD=grpo --SEED=1            # any constant below can be overridden
     python train.py --OUT_DIR=out/run --resume        # continue from the latest checkpoint
+    python train.py --OUT_DIR=out/run --overwrite     # start again, deleting the run that is there
     torchrun --nproc_per_node=4 train.py              # data parallel on 4 GPUs (or CPU gloo)
 
 The constants below are the whole config. Stages, top to bottom: world and tokenizer, model,
@@ -18,6 +19,7 @@ import math
 import os
 import random
 import shutil
+import signal
 import sys
 import time
 
@@ -31,7 +33,7 @@ import evisd
 import grpo
 import model as M
 import search_env as se
-from evaluate import heldout_em, latest_checkpoint
+from evaluate import checkpoints, heldout_em, load_checkpoint, read_metrics
 from model import autocast
 
 # ----------------------------------------------------------------------------- config
@@ -84,17 +86,24 @@ MAX_BAD_STEPS = 5            # consecutive non-finite losses before stopping
 CHOICES = {"METHOD": ("evisd", "grpo"), "DTYPE": ("auto", "float32", "bfloat16", "float16")}
 CONFIG_KEYS = [k for k, v in list(globals().items())
                if k.isupper() and isinstance(v, (int, float, bool, str)) and k != "CHOICES"]
+# The warm-up's weights depend on these (and on the resolved SFT_PRIVILEGED_FRAC): its cache key.
+WARMUP_KEYS = ("MODEL", "SEED", "WORLD_SCALE", "TOP_K", "MAX_TURNS", "SFT_STEPS", "SFT_BATCH",
+               "SFT_LR", "SFT_NOISE", "SFT_STOP_EARLY")
+# A checkpoint resumed under other values of these would be another experiment spliced onto this
+# one, so --resume refuses; any other setting (RL_STEPS, EVAL_EVERY, DEVICE, ...) may change.
+RUN_KEYS = WARMUP_KEYS + ("SFT_PRIVILEGED_FRAC", "METHOD", "FRESH_WORLDS")
 
 
 def parse_overrides(argv, defaults):
-    """``--NAME=value`` overrides, type-checked against the defaults; also ``--resume``."""
-    config, resume = dict(defaults), False
+    """``--NAME=value`` overrides, type-checked against the defaults; also ``--resume`` and
+    ``--overwrite``. Returns (config, resume, overwrite)."""
+    config, flags = dict(defaults), set()
     for arg in argv:
-        if arg == "--resume":
-            resume = True
+        if arg in ("--resume", "--overwrite"):
+            flags.add(arg[2:])
             continue
         if not arg.startswith("--") or "=" not in arg:
-            raise SystemExit(f"bad argument {arg!r}: use --NAME=value or --resume")
+            raise SystemExit(f"bad argument {arg!r}: use --NAME=value, --resume or --overwrite")
         name, text = arg[2:].split("=", 1)
         if name not in defaults:
             raise SystemExit(f"unknown setting {name!r}; allowed: {', '.join(sorted(defaults))}")
@@ -122,7 +131,9 @@ def parse_overrides(argv, defaults):
                          f"use a SEED from 0 to {(config['EVAL_SEED'] - config['RL_STEPS'] - 1) // 100_000}")
     if config["GROUP_SIZE"] < 2:
         raise SystemExit(f"GROUP_SIZE must be >= 2 (GRPO compares samples), got {config['GROUP_SIZE']}")
-    return config, resume
+    if flags == {"resume", "overwrite"}:
+        raise SystemExit("--resume continues the run in OUT_DIR and --overwrite deletes it: give one")
+    return config, "resume" in flags, "overwrite" in flags
 
 
 # ----------------------------------------------------------------------------- helpers
@@ -180,6 +191,54 @@ def load_weights(lm, path):
     lm.load_state_dict(M.AutoModelForCausalLM.from_pretrained(path).state_dict())
 
 
+def prune_checkpoints(out_dir, keep=2):
+    """Keep the newest ``keep`` checkpoints (an older one to fall back on if the newest is
+    damaged); delete older ones and the leftovers (.tmp, .old) of interrupted saves."""
+    kept = checkpoints(out_dir)[-keep:]
+    for name in os.listdir(out_dir):
+        if name.startswith("ckpt-") and os.path.join(out_dir, name) not in kept:
+            shutil.rmtree(os.path.join(out_dir, name), ignore_errors=True)
+
+
+def check_out_dir(cfg, resume, overwrite, rank):
+    """Stop before a fresh run writes over the one already in OUT_DIR; --overwrite deletes it."""
+    out = cfg["OUT_DIR"]
+    if resume or not os.path.isdir(out):
+        return
+    held = [os.path.basename(c) for c in checkpoints(out)]
+    rows = read_metrics(out)
+    if rows:
+        held.append(f"metrics.jsonl with {len(rows)} rows")
+    if held and not overwrite:
+        raise SystemExit(f"{out} already holds a run ({', '.join(held)}). Continue it with --resume, "
+                         "give another --OUT_DIR, or pass --overwrite to delete it and start again.")
+    if held and rank == 0:
+        print(f"--overwrite: deleting {', '.join(held)} in {out}")
+        for name in os.listdir(out):
+            if name.startswith("ckpt-"):
+                shutil.rmtree(os.path.join(out, name))
+        if rows:
+            os.remove(os.path.join(out, "metrics.jsonl"))
+
+
+def check_resume_config(saved, cfg, ckpt, rank):
+    """Stop when a setting in RUN_KEYS differs from the checkpoint's; note the others that do."""
+    diff = {k: f"{k}={cfg[k]!r} (checkpoint: {saved.get(k)!r})" for k in cfg
+            if k != "OUT_DIR" and saved.get(k) != cfg[k]}   # a moved run directory is the same run
+    defining = [v for k, v in diff.items() if k in RUN_KEYS]
+    if defining:
+        raise SystemExit(f"--resume: {ckpt} is another run: {', '.join(defining)}. Resume with the "
+                         "checkpoint's values, or start a new run in another OUT_DIR.")
+    if diff and rank == 0:
+        print(f"--resume: continuing {ckpt} with changed settings: {', '.join(diff.values())}")
+
+
+def stop_on_sigterm(signum, frame):
+    """Schedulers and preemptible machines stop a job with SIGTERM: save and exit as on Ctrl-C."""
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)  # a second SIGTERM must not cut the save short
+    raise KeyboardInterrupt
+
+
 class SyncedPolicy(torch.nn.Module):
     """The policy's log-prob forward as a module, so DDP can wrap it and sync gradients."""
 
@@ -217,9 +276,7 @@ def supervised_warmup(cfg, lm, tokenizer, device, dtype, rank):
     frac = cfg["SFT_PRIVILEGED_FRAC"]
     if frac < 0:
         frac = 0.3 if cfg["MODEL"] in M.SIZES else 0.0
-    keys = ("MODEL", "SEED", "WORLD_SCALE", "TOP_K", "MAX_TURNS", "SFT_STEPS", "SFT_BATCH",
-            "SFT_LR", "SFT_NOISE", "SFT_STOP_EARLY")
-    tag = hashlib.sha1(json.dumps([cfg[k] for k in keys] + [frac]).encode()).hexdigest()[:10]
+    tag = hashlib.sha1(json.dumps([cfg[k] for k in WARMUP_KEYS] + [frac]).encode()).hexdigest()[:10]
     path = f"{cfg['SFT_DIR']}-{tag}"
     # Rank 0 alone decides whether to train: if each rank checked the disk itself, a slow rank
     # could find rank 0's fresh save, skip the barrier below, and leave rank 0 waiting forever.
@@ -253,7 +310,11 @@ def supervised_warmup(cfg, lm, tokenizer, device, dtype, rank):
     if dist.is_initialized():
         dist.barrier()
     if cached or rank != 0:
-        load_weights(lm, path)
+        try:
+            load_weights(lm, path)
+        except Exception as e:  # missing or damaged files fail in many ways
+            raise SystemExit(f"the cached warm-up {path} is unreadable ({type(e).__name__}: {e}); "
+                             "delete that directory and the warm-up is trained again") from None
     return path
 
 
@@ -346,7 +407,7 @@ def rl_step(cfg, step, policy, lm, ref, tokenizer, opt, device, dtype, rank=0, w
 
 def main(argv):
     defaults = {k: globals()[k] for k in CONFIG_KEYS}
-    cfg, resume = parse_overrides(argv, defaults)
+    cfg, resume, overwrite = parse_overrides(argv, defaults)
     ddp = "RANK" in os.environ and "WORLD_SIZE" in os.environ
     if ddp:
         dist.init_process_group("nccl" if torch.cuda.is_available() and cfg["DEVICE"] != "cpu" else "gloo")
@@ -358,6 +419,11 @@ def main(argv):
     # The cores are split between the ranks; OMP_NUM_THREADS, when set, wins.
     threads = int(os.environ.get("OMP_NUM_THREADS", 0)) or max(1, (os.cpu_count() or 1) // world_size)
     torch.set_num_threads(threads)
+    # OUT_DIR and the resume point are settled before the warm-up, so a mistake stops in seconds.
+    check_out_dir(cfg, resume, overwrite, rank)
+    resumed = load_checkpoint(cfg["OUT_DIR"]) if resume else None   # (path, model, tokenizer, state)
+    if resumed:
+        check_resume_config(resumed[3]["config"], cfg, resumed[0], rank)
     os.makedirs(cfg["OUT_DIR"], exist_ok=True)
     if rank == 0:
         print(json.dumps(cfg))
@@ -380,28 +446,32 @@ def main(argv):
     # 3. RL, resumable
     opt = torch.optim.AdamW(lm.parameters(), lr=cfg["LR"], weight_decay=0.0)
     start, bad_steps = 0, 0
-    ckpt = latest_checkpoint(cfg["OUT_DIR"]) if resume else None
-    if ckpt:
-        load_weights(lm, ckpt)
-        state = torch.load(os.path.join(ckpt, "state.pt"), weights_only=False)
+    if resumed:
+        ckpt, ckpt_lm, _, state = resumed
+        lm.load_state_dict(ckpt_lm.state_dict())
+        del resumed, ckpt_lm
         opt.load_state_dict(state["optimizer"])
         start, bad_steps = state["step"], state["bad_steps"]
         set_rng_states(state["rng"])
         if rank == 0:
             print(f"resumed from {ckpt} at step {start}")
     elif resume and rank == 0:
-        print(f"--resume: no checkpoint in {cfg['OUT_DIR']}, starting fresh")
+        print(f"--resume: no readable checkpoint in {cfg['OUT_DIR']}; starting from the warm-up, "
+              "after the rows already in its metrics.jsonl")
     policy = SyncedPolicy(lm)
     if ddp:
         policy = torch.nn.parallel.DistributedDataParallel(policy)
     log_path = os.path.join(cfg["OUT_DIR"], "metrics.jsonl")
-    if rank == 0:  # keep only the lines up to the checkpoint we continue from
-        kept = []
-        if start and os.path.exists(log_path):
-            rows = [json.loads(l) for l in open(log_path)]
-            kept = [r for r in rows if r["step"] < start or (r["step"] == start and r.get("eval"))]
-        with open(log_path, "w") as f:
+    if rank == 0:
+        # --resume keeps the log's rows up to the checkpoint it continues from (all of them when
+        # there is none), less any unreadable line; rewritten under another name, then renamed,
+        # so that no kill can leave the log half-written.
+        kept = read_metrics(cfg["OUT_DIR"]) if resume else []
+        if start:
+            kept = [r for r in kept if r["step"] < start or (r["step"] == start and r.get("eval"))]
+        with open(log_path + ".tmp", "w") as f:
             f.writelines(json.dumps(r) + "\n" for r in kept)
+        os.replace(log_path + ".tmp", log_path)
         with open(os.path.join(cfg["OUT_DIR"], "config.json"), "w") as f:
             json.dump(cfg, f, indent=1)
 
@@ -410,8 +480,7 @@ def main(argv):
             atomic_save(os.path.join(cfg["OUT_DIR"], f"ckpt-{step:06d}"), lm, tokenizer,
                         {"optimizer": opt.state_dict(), "step": step, "bad_steps": bad_steps,
                          "config": cfg, "sft_path": sft_path, "rng": rng_states()})
-            for old in sorted(n for n in os.listdir(cfg["OUT_DIR"]) if n.startswith("ckpt-"))[:-1]:
-                shutil.rmtree(os.path.join(cfg["OUT_DIR"], old), ignore_errors=True)
+            prune_checkpoints(cfg["OUT_DIR"])
 
     def evaluate(step):
         em = heldout_em(lm, tokenizer, cfg, n=cfg["EVAL_QUESTIONS"], device=device, dtype=dtype)
@@ -420,7 +489,7 @@ def main(argv):
             f.write(json.dumps(row) + "\n")
         return em
 
-    step = start
+    done = start   # steps whose update the weights hold: what an interruption saves
     bar = tqdm(range(start, cfg["RL_STEPS"]), desc=cfg["METHOD"], disable=rank != 0, dynamic_ncols=True)
     try:
         if start == 0 and cfg["EVAL_EVERY"] and rank == 0:
@@ -441,10 +510,10 @@ def main(argv):
                 bar.write(f"step {done}: held-out EM {evaluate(done)}")
             if (cfg["CKPT_EVERY"] and done % cfg["CKPT_EVERY"] == 0) or done == cfg["RL_STEPS"]:
                 save(done)
-            step = done
     except KeyboardInterrupt:
-        print(f"\ninterrupted: saving step {step} to {cfg['OUT_DIR']}")
-        save(step)
+        if rank == 0:
+            print(f"\ninterrupted: saving step {done} to {cfg['OUT_DIR']}")
+        save(done)
     if cfg["RL_STEPS"] == 0:
         save(0)
     if ddp:
@@ -457,4 +526,8 @@ def main(argv):
 
 
 if __name__ == "__main__":
-    main(sys.argv[1:])
+    signal.signal(signal.SIGTERM, stop_on_sigterm)
+    try:
+        main(sys.argv[1:])
+    except KeyboardInterrupt:  # outside the RL loop (the warm-up, say), which saves on its own
+        raise SystemExit("interrupted before a checkpoint could be saved") from None

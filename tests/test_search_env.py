@@ -157,10 +157,23 @@ def test_malformed_turns_are_invalid(turn):
     assert se.parse_action(turn).kind == "invalid"
 
 
+@pytest.mark.parametrize("turn, why", [
+    ("<answer>\udcff</answer>", "not valid Unicode (lone surrogate U+DCFF)"),
+    ("<think> a\udcff </think><search> b </search>", "not valid Unicode (lone surrogate U+DCFF)"),
+    ("<think> a\x07 </think><answer> b </answer>", "control character U+0007"),
+    ("<answer> a\x85b </answer>", "control character U+0085"),
+])
+def test_text_no_file_can_hold_is_an_invalid_turn(turn, why):
+    # The whole turn counts, thinking included: whatever prints or saves it must not break.
+    assert se.parse_action(turn) == se.Action("invalid", why)
+
+
 def test_valid_turns_parse():
     a = se.parse_action("<think> i need kalo. </think><search>  kalo mira </search>")
     assert (a.kind, a.content) == ("search", "kalo mira")
     a = se.parse_action(" <answer> velmar </answer>\n")
+    assert (a.kind, a.content) == ("answer", "velmar")
+    a = se.parse_action("<think> first\tthis,\nthen that </think>\n<answer> velmar </answer>")
     assert (a.kind, a.content) == ("answer", "velmar")
 
 

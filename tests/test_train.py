@@ -38,17 +38,18 @@ def strip_timing(rs):
     ("--DEVICE=tpu", "allowed values are auto, cpu, cuda"),
     ("--GROUP_SIZE=1", "GROUP_SIZE must be >= 2"),
     ("RL_STEPS=3", "use --NAME=value"),
+    ("--resume --overwrite", "--resume continues the run in OUT_DIR and --overwrite deletes it"),
 ])
 def test_override_errors(arg, message):
     with pytest.raises(SystemExit, match=message):
-        train.parse_overrides([arg], DEFAULTS)
+        train.parse_overrides(arg.split(), DEFAULTS)
 
 
 def test_overrides_parse_types():
-    cfg, resume = train.parse_overrides(["--LR=1", "--METHOD=grpo", "--BOUNDED=False", "--resume",
-                                         "--OUT_DIR=out/x"], DEFAULTS)
+    cfg, resume, overwrite = train.parse_overrides(["--LR=1", "--METHOD=grpo", "--BOUNDED=False",
+                                                    "--resume", "--OUT_DIR=out/x"], DEFAULTS)
     assert cfg["LR"] == 1.0 and isinstance(cfg["LR"], float)
-    assert cfg["METHOD"] == "grpo" and cfg["BOUNDED"] is False and resume
+    assert cfg["METHOD"] == "grpo" and cfg["BOUNDED"] is False and resume and not overwrite
     assert cfg["OUT_DIR"] == "out/x" and cfg["SEED"] == DEFAULTS["SEED"]
 
 
@@ -64,8 +65,9 @@ def test_smoke_run_resume_and_evaluate(tmp_path):
         assert key in steps[0], key
     assert 0.0 <= steps[0]["modulated_frac"] <= 1.0
     assert {"eval_test", "eval_ood", "eval_macro"} <= set(evals[0])
-    # Checkpoint layout: one HF directory (model + tokenizer) with the training state.
-    assert sorted(n for n in os.listdir(full) if n.startswith("ckpt")) == ["ckpt-000004"]
+    # Checkpoint layout: one HF directory (model + tokenizer) with the training state; the last
+    # two are kept, so a damaged newest one has one to fall back on.
+    assert sorted(n for n in os.listdir(full) if n.startswith("ckpt")) == ["ckpt-000002", "ckpt-000004"]
     ckpt = os.listdir(os.path.join(full, "ckpt-000004"))
     for f in ("config.json", "model.safetensors", "tokenizer.json", "state.pt"):
         assert f in ckpt, f

@@ -1,0 +1,180 @@
+"""Faults and bad input, one test per row of the README's table: torn logs, reused run
+directories, changed settings on resume, damaged checkpoints and save leftovers, SIGTERM, and
+model output that is not valid Unicode."""
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+import evaluate
+import train
+from test_train import TINY, rows, strip_timing
+
+BASE = TINY + ["--RL_STEPS=2", "--CKPT_EVERY=1", "--EVAL_EVERY=0"]
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+@pytest.fixture(scope="module")
+def finished(tmp_path_factory):
+    """A finished two-step run (checkpoints after steps 1 and 2) and its cached warm-up."""
+    root = tmp_path_factory.mktemp("faults")
+    train.main(BASE + [f"--OUT_DIR={root}/run", f"--SFT_DIR={root}/sft"])
+    return root
+
+
+@pytest.fixture
+def run_copy(finished, tmp_path):
+    """A copy of the finished run to damage, and the train.py arguments that point at it."""
+    out = str(tmp_path / "run")
+    shutil.copytree(finished / "run", out)
+    return out, BASE + [f"--OUT_DIR={out}", f"--SFT_DIR={finished}/sft"]
+
+
+def ckpt_names(out):
+    return sorted(n for n in os.listdir(out) if n.startswith("ckpt-"))
+
+
+def test_unreadable_metrics_lines_are_dropped_with_a_warning(run_copy, capsys):
+    out, args = run_copy
+    before = rows(out)
+    log = os.path.join(out, "metrics.jsonl")
+    lines = open(log).readlines()
+    with open(log, "w") as f:   # a stray line in the middle, and a last line cut mid-write
+        f.writelines([lines[0], "not json\n", lines[1], lines[1][:25]])
+    assert evaluate.read_metrics(out) == before
+    assert "dropped 2 unreadable line(s), the first is line 2" in capsys.readouterr().err
+    train.main(args + ["--resume"])     # nothing left to train: it reads and rewrites the log
+    assert rows(out) == before
+
+
+def test_leftovers_of_interrupted_saves_never_count_and_are_removed(run_copy, capsys):
+    out, args = run_copy
+    # A complete-looking later step under a .tmp name, and an .old of step 1.
+    shutil.copytree(os.path.join(out, "ckpt-000002"), os.path.join(out, "ckpt-000060.tmp"))
+    shutil.copytree(os.path.join(out, "ckpt-000001"), os.path.join(out, "ckpt-000001.old"))
+    train.main(args + ["--resume", "--RL_STEPS=3"])
+    assert f"resumed from {out}/ckpt-000002 at step 2" in capsys.readouterr().out
+    assert ckpt_names(out) == ["ckpt-000002", "ckpt-000003"]   # the save just made survives
+    assert [r["step"] for r in rows(out)] == [0, 1, 2]
+
+
+def test_unreadable_latest_checkpoint_falls_back_to_the_one_before(run_copy, capsys):
+    out, args = run_copy
+    before = rows(out)
+    os.remove(os.path.join(out, "ckpt-000002", "model.safetensors"))
+    train.main(args + ["--resume"])
+    captured = capsys.readouterr()
+    assert f"checkpoint {out}/ckpt-000002 is unreadable (OSError" in captured.err
+    assert f"resumed from {out}/ckpt-000001 at step 1" in captured.out
+    assert strip_timing(rows(out)) == strip_timing(before)   # step 1 again, the same metrics
+    assert evaluate.load_checkpoint(out)[0] == os.path.join(out, "ckpt-000002")   # rewritten whole
+
+
+@pytest.mark.parametrize("damage", ["weights gone", "weights garbled", "state.pt cut short",
+                                    "state.pt gone", "state.pt without the optimizer"])
+def test_every_kind_of_damage_makes_a_checkpoint_unreadable(run_copy, capsys, damage):
+    out, _ = run_copy
+    ckpt = os.path.join(out, "ckpt-000002")
+    weights, state = os.path.join(ckpt, "model.safetensors"), os.path.join(ckpt, "state.pt")
+    if damage == "weights gone":
+        os.remove(weights)
+    elif damage == "weights garbled":
+        open(weights, "wb").write(b"\x00garbage" * 100)
+    elif damage == "state.pt cut short":
+        data = open(state, "rb").read()
+        open(state, "wb").write(data[:len(data) // 2])
+    elif damage == "state.pt gone":
+        os.remove(state)
+    else:
+        s = train.torch.load(state, weights_only=False)
+        del s["optimizer"]
+        train.torch.save(s, state)
+    path, _, _, loaded = evaluate.load_checkpoint(out)
+    assert path == os.path.join(out, "ckpt-000001") and loaded["step"] == 1
+    assert f"checkpoint {ckpt} is unreadable" in capsys.readouterr().err
+
+
+def test_damaged_cached_warmup_stops_with_its_path(finished, tmp_path):
+    (name,) = [d for d in os.listdir(finished) if d.startswith("sft-")]
+    shutil.copytree(finished / name, tmp_path / name)
+    os.remove(tmp_path / name / "model.safetensors")
+    with pytest.raises(SystemExit, match=re.escape(f"the cached warm-up {tmp_path / name} is unreadable")
+                       + ".*delete that directory and the warm-up is trained again"):
+        train.main(BASE + [f"--OUT_DIR={tmp_path}/run", f"--SFT_DIR={tmp_path}/sft"])
+
+
+def test_reused_out_dir_stops_unless_told_to_overwrite(run_copy):
+    out, args = run_copy
+    before = rows(out)
+    with pytest.raises(SystemExit, match=r"already holds a run \(ckpt-000001, ckpt-000002, "
+                                         r"metrics.jsonl with 2 rows\)\. Continue it with --resume"):
+        train.main(args)
+    assert rows(out) == before and ckpt_names(out) == ["ckpt-000001", "ckpt-000002"]
+    train.main(args + ["--overwrite", "--RL_STEPS=0"])
+    assert rows(out) == [] and ckpt_names(out) == ["ckpt-000000"]
+
+
+def test_resume_without_a_readable_checkpoint_keeps_the_log(run_copy, capsys):
+    out, args = run_copy
+    before = rows(out)
+    for name in ckpt_names(out):
+        shutil.rmtree(os.path.join(out, name))
+    train.main(args + ["--resume", "--RL_STEPS=1"])
+    assert "no readable checkpoint" in capsys.readouterr().out
+    after = rows(out)
+    assert after[:2] == before and [r["step"] for r in after] == [0, 1, 0]   # appended, not lost
+
+
+def test_resume_with_other_settings_names_them(run_copy, capsys):
+    out, args = run_copy
+    with pytest.raises(SystemExit) as stop:
+        train.main(args + ["--resume", "--SEED=1", "--METHOD=grpo", "--RL_STEPS=5"])
+    message = str(stop.value)
+    assert "is another run: METHOD='grpo' (checkpoint: 'evisd'), SEED=1 (checkpoint: 0)" in message
+    assert "RL_STEPS" not in message
+    # Settings that do not change what the run is are only noted: a longer run is the usual case.
+    train.main(args + ["--resume", "--EVAL_EVERY=5"])
+    assert "with changed settings: EVAL_EVERY=5 (checkpoint: 0)" in capsys.readouterr().out
+
+
+def test_sigterm_saves_and_exits_like_ctrl_c(finished, tmp_path):
+    out = tmp_path / "run"
+    log = open(tmp_path / "output.txt", "w")
+    proc = subprocess.Popen([sys.executable, "train.py", *TINY, "--RL_STEPS=1000", "--CKPT_EVERY=1000",
+                             "--EVAL_EVERY=0", f"--OUT_DIR={out}", f"--SFT_DIR={finished}/sft"],
+                            cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + 120
+        while not evaluate.read_metrics(out):   # the first RL step is logged
+            assert proc.poll() is None, open(tmp_path / "output.txt").read()
+            assert time.monotonic() < deadline, "no RL step logged within 120 s"
+            time.sleep(0.2)
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=120) == 0, open(tmp_path / "output.txt").read()
+    finally:
+        proc.kill()
+    steps = len(rows(out))
+    assert f"interrupted: saving step {steps}" in open(tmp_path / "output.txt").read()
+    path, _, _, state = evaluate.load_checkpoint(str(out))
+    assert path == str(out / f"ckpt-{steps:06d}") and state["step"] == steps
+
+
+def test_model_output_that_is_not_unicode_is_invalid_and_printable(run_copy, monkeypatch, capsys):
+    out, _ = run_copy
+    load_run = evaluate.load_run
+
+    def load_run_writing_surrogates(run_dir):   # a model whose every piece ends in a lone surrogate
+        lm, tok, cfg, sft_path = load_run(run_dir)
+        decode = tok.decode
+        tok.decode = lambda ids, **kw: decode(ids, **kw) + "\udcff"
+        return lm, tok, cfg, sft_path
+    monkeypatch.setattr(evaluate, "load_run", load_run_writing_surrogates)
+    evaluate.main([out, "--show", "1"])
+    printed = capsys.readouterr().out
+    assert "\\udcff" in printed and "reward=0" in printed and "reward=1" not in printed
+    assert "\\udcff" in open(os.path.join(out, "episodes.html"), encoding="utf-8").read()
