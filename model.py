@@ -19,6 +19,7 @@ import re
 from dataclasses import dataclass
 
 import torch
+from torch.utils.checkpoint import checkpoint
 from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import (AutoModelForCausalLM, AutoTokenizer, DynamicCache, GenerationConfig,
                           GenerationMixin, PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM)
@@ -344,19 +345,38 @@ def token_logprobs(model, input_ids, attention_mask, score_mask=None, chunk=4096
     Only positions where ``score_mask`` is 1 are computed (all others are 0): the decoder runs
     over the whole batch once, but the output projection and the log-softmax run only on the
     selected hidden states, ``chunk`` rows at a time, with gather - logsumexp instead of a full
-    [N, T, V] log-softmax, so a 150k-vocabulary model fits in memory.
+    [N, T, V] log-softmax, so a 150k-vocabulary model fits in memory. With gradient
+    checkpointing on (enable_checkpointing), each chunk's logits are recomputed in the backward
+    pass too: autograd would otherwise keep every chunk's [chunk, V] float32 logits, 0.6 MB per
+    scored token of a 150k vocabulary.
     """
-    hidden = model.get_decoder()(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+    decoder = model.get_decoder()
+    # No KV cache in a scoring forward: it would only hold every layer's keys and values.
+    hidden = decoder(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).last_hidden_state
     if score_mask is None:
         score_mask = attention_mask
     select = score_mask[:, 1:].bool()                          # [N, T-1] targets to score
     h = hidden[:, :-1][select]                                 # [M, d] the states predicting them
     targets = input_ids[:, 1:][select]                         # [M]
     head = model.get_output_embeddings()
+    recompute = torch.is_grad_enabled() and model.training and getattr(decoder, "gradient_checkpointing", False)
     pieces = []
     for s in range(0, h.shape[0], chunk):
-        logits = head(h[s:s + chunk]).float() / temperature    # [chunk, V]
-        pieces.append(logits.gather(-1, targets[s:s + chunk, None]).squeeze(-1) - logits.logsumexp(-1))
+        args = (head, h[s:s + chunk], targets[s:s + chunk], temperature)
+        pieces.append(checkpoint(_chunk_logprobs, *args, use_reentrant=False) if recompute
+                      else _chunk_logprobs(*args))
     logp = torch.cat(pieces) if pieces else h.new_zeros(0, dtype=torch.float32)
     out = torch.zeros(select.shape, dtype=torch.float32, device=input_ids.device)
     return torch.nn.functional.pad(out.masked_scatter(select, logp), (1, 0))  # [N, T]
+
+
+def _chunk_logprobs(head, h, targets, temperature):
+    logits = head(h).float() / temperature                     # [chunk, V]
+    return logits.gather(-1, targets[:, None]).squeeze(-1) - logits.logsumexp(-1)
+
+
+def enable_checkpointing(model):
+    """Gradient (activation) checkpointing: each decoder layer's activations are recomputed in
+    the backward pass instead of kept, the usual trade of ~30% more compute for memory."""
+    enable = getattr(model, "activation_checkpointing_enable", None) or model.gradient_checkpointing_enable
+    enable({"use_reentrant": False})   # the renamed method in transformers 5; the kwargs dict either way
