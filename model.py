@@ -10,7 +10,8 @@
   HF ``generate`` (KV cache), stopping each sequence at the strings ``</search>``/``</answer>``
   or eos. Turns are cut and action spans found from character offsets in the decoded text,
   so the same code serves a tag of one token (embedded tokenizer) or of several (pretrained).
-* ``token_logprobs`` gives log p of each token, applying the output projection only where asked.
+* ``token_logprobs`` gives log p of each token, applying the output projection only where asked;
+  ``enable_checkpointing`` trades compute for activation memory on real models.
 """
 import bisect
 import inspect
@@ -344,8 +345,9 @@ def token_logprobs(model, input_ids, attention_mask, score_mask=None, chunk=4096
 
     Only positions where ``score_mask`` is 1 are computed (all others are 0): the decoder runs
     over the whole batch once, but the output projection and the log-softmax run only on the
-    selected hidden states, ``chunk`` rows at a time, with gather - logsumexp instead of a full
-    [N, T, V] log-softmax, so a 150k-vocabulary model fits in memory. With gradient
+    selected hidden states, ``chunk`` rows at a time (fewer for a large vocabulary: 883 for
+    Qwen's 152k), with gather - logsumexp instead of a full [N, T, V] log-softmax, so a
+    150k-vocabulary model fits in memory. With gradient
     checkpointing on (enable_checkpointing), each chunk's logits are recomputed in the backward
     pass too: autograd would otherwise keep every chunk's [chunk, V] float32 logits, 0.6 MB per
     scored token of a 150k vocabulary.
@@ -359,10 +361,11 @@ def token_logprobs(model, input_ids, attention_mask, score_mask=None, chunk=4096
     h = hidden[:, :-1][select]                                 # [M, d] the states predicting them
     targets = input_ids[:, 1:][select]                         # [M]
     head = model.get_output_embeddings()
+    rows = min(chunk, max(1, 2**27 // head.weight.shape[0]))  # at most 2^27 logits (512 MB fp32) at once
     recompute = torch.is_grad_enabled() and model.training and getattr(decoder, "gradient_checkpointing", False)
     pieces = []
-    for s in range(0, h.shape[0], chunk):
-        args = (head, h[s:s + chunk], targets[s:s + chunk], temperature)
+    for s in range(0, h.shape[0], rows):
+        args = (head, h[s:s + rows], targets[s:s + rows], temperature)
         pieces.append(checkpoint(_chunk_logprobs, *args, use_reentrant=False) if recompute
                       else _chunk_logprobs(*args))
     logp = torch.cat(pieces) if pieces else h.new_zeros(0, dtype=torch.float32)

@@ -91,6 +91,22 @@ def test_token_logprobs_has_gradient(lm):
     lm.zero_grad()
 
 
+def test_gradient_checkpointing_gives_the_same_logprobs_and_gradients(tok):
+    ids = torch.tensor([[5, 17, 42, 99, 3, 250, 7], [8, 9, 10, 11, 12, 0, 0]])
+    mask = torch.tensor([[1] * 7, [1] * 5 + [0] * 2])
+    runs = []
+    for checkpointing in (False, True):
+        lm = M.build_model(tok, "tiny").train()
+        if checkpointing:          # layers and, in token_logprobs, the output head are recomputed
+            M.enable_checkpointing(lm)
+        lp = M.token_logprobs(lm, ids, mask, chunk=3)
+        lp.sum().backward()
+        runs.append((lp.detach(), [p.grad for p in lm.parameters()]))
+    (lp0, g0), (lp1, g1) = runs
+    assert torch.allclose(lp0, lp1, atol=1e-6)
+    assert all(torch.allclose(a, b, atol=1e-6) for a, b in zip(g0, g1))
+
+
 def _check_masks(r, tok, world):
     N, T = r.input_ids.shape
     assert r.gen_mask.shape == r.info_mask.shape == r.action_kind.shape == (N, T)
