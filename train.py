@@ -7,10 +7,11 @@
     torchrun --nproc_per_node=4 train.py              # data parallel on 4 GPUs (or CPU gloo)
 
 The constants below are the whole config; a preset under config/ is a file of plain
-``NAME = value`` lines, read (never executed) and checked like ``--NAME=value``. Stages, top to bottom: world and tokenizer, model,
-supervised warm-up on expert episodes (cached, so GRPO and EviSD start from the same weights),
-then the RL loop: rollout -> rewards -> group advantages -> (EviSD: teacher re-scoring and the
-bounded correction) -> clipped policy loss -> AdamW.
+``NAME = value`` lines, read (never executed) and checked like ``--NAME=value``. Stages, top
+to bottom: world and tokenizer, model, supervised warm-up on expert episodes (cached, so GRPO
+and EviSD start from the same weights), then the RL loop: rollout -> rewards -> group
+advantages -> (EviSD: teacher re-scoring and the bounded correction) -> clipped policy loss ->
+AdamW.
 """
 import ast
 import copy
@@ -164,7 +165,7 @@ def parse_overrides(argv, defaults):
     if config["GROUP_SIZE"] < 2:
         raise SystemExit(f"GROUP_SIZE must be >= 2 (GRPO compares samples), got {config['GROUP_SIZE']}")
     embedded = config["MODEL"] in M.SIZES
-    for name, (for_embedded, for_hf) in AUTO.items():
+    for name, (for_embedded, for_hf) in AUTO.items():      # -1 = auto, resolved once, here
         if config[name] < 0:
             config[name] = for_embedded if embedded else for_hf
     return config, resume
