@@ -164,7 +164,7 @@ class Transcript:
 
     def add_turn(self, turn_ids, kind, turn_index, offset=None):
         """Append generated tokens; a valid action's span runs from token ``offset`` of the turn
-        (the first token of its opening tag, see action_start) to the turn's end."""
+        (the first token overlapping its opening tag, see action_start) to the turn's end."""
         start = len(self.ids)
         self.ids += turn_ids
         self.gen += [1] * len(turn_ids)
