@@ -108,8 +108,8 @@ def main():
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--device", default="auto")
     args = ap.parse_args()
-    cfg = {k: getattr(train, k) for k in train.CONFIG_KEYS}
-    cfg["DEVICE"] = args.device
+    overrides = [f"--DEVICE={args.device}"] + ([f"--MODEL={args.model}"] if args.model else [])
+    cfg, _, _ = train.parse_overrides(overrides, {k: getattr(train, k) for k in train.CONFIG_KEYS})  # auto LRs
     device, dtype = train.pick_device(cfg)
     rows = []
     if args.model:

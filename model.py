@@ -4,17 +4,23 @@
   words are whole tokens, names split into syllable-sized pieces, nothing is ever ``<unk>``,
   and every protocol tag is one token.
 * ``build_model(tokenizer, size)`` makes a randomly initialised Qwen2 causal LM; ``load_model``
-  loads any local HF directory or hub name (with a clear error when offline).
+  loads any local HF directory or hub name (with a clear error when offline). A pretrained
+  tokenizer is never given new tokens: its tags stay ordinary text, several tokens each.
 * ``rollout`` plays ``len(questions) * group_size`` search episodes as one batch per turn with
-  HF ``generate`` (KV cache), stopping each sequence at ``</search>``/``</answer>``/eos.
-* ``token_logprobs`` gives log p of each token, applying the output projection only where asked.
+  HF ``generate`` (KV cache), stopping each sequence at the strings ``</search>``/``</answer>``
+  or eos. Turns are cut and action spans found from character offsets in the decoded text,
+  so the same code serves a tag of one token (embedded tokenizer) or of several (pretrained).
+* ``token_logprobs`` gives log p of each token, applying the output projection only where asked;
+  ``enable_checkpointing`` trades compute for activation memory on real models.
 """
+import bisect
 import inspect
 import os
 import re
 from dataclasses import dataclass
 
 import torch
+from torch.utils.checkpoint import checkpoint
 from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import (AutoModelForCausalLM, AutoTokenizer, DynamicCache, GenerationConfig,
                           GenerationMixin, PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM)
@@ -23,6 +29,7 @@ import search_env as se
 
 SPECIAL_TOKENS = ["<pad>", "<bos>", "<eos>", "<unk>"]
 KIND_IDS = {"search": 1, "answer": 2}  # values of action_kind; 0 = not inside an action span
+STOP_STRINGS = (se.SEARCH_END, se.ANSWER_END)   # a turn ends at the first of these
 # generate's KV-cache argument: renamed from past_key_values to cache in transformers 5.x.
 CACHE_KWARG = ("cache" if "cache" in inspect.signature(GenerationMixin.prepare_inputs_for_generation).parameters
                else "past_key_values")
@@ -65,22 +72,14 @@ def build_tokenizer(texts, vocab_size=768):
                                    eos_token="<eos>", unk_token="<unk>")
 
 
-def tag_id(tokenizer, tag):
-    ids = tokenizer.encode(tag, add_special_tokens=False)
-    if len(ids) != 1:
-        raise ValueError(f"the tokenizer splits {tag!r} into {len(ids)} tokens; protocol tags "
-                         "must be single tokens (add them with tokenizer.add_tokens)")
-    return ids[0]
+def token_at(tokenizer, ids, char):
+    """Index of the token of ``ids`` whose text covers character ``char`` of ``decode(ids)``:
+    the first j with ``len(decode(ids[:j + 1])) > char``, found by bisection.
 
-
-def ensure_tags(tokenizer, model):
-    """Make every protocol tag a single token of an HF tokenizer, growing the embeddings."""
-    missing = [t for t in se.TAGS if len(tokenizer.encode(t, add_special_tokens=False)) != 1]
-    if missing:
-        tokenizer.add_tokens(missing)
-        model.resize_token_embeddings(len(tokenizer))
-    if tokenizer.pad_token is None:
-        tokenizer.pad_token = tokenizer.eos_token
+    Prefixes are decoded rather than single tokens because a byte-level token may hold part of
+    a multi-byte character, which decodes on its own to a replacement character.
+    """
+    return bisect.bisect_right(range(len(ids)), char, key=lambda j: len(tokenizer.decode(ids[:j + 1])))
 
 
 # ----------------------------------------------------------------------------- models
@@ -119,7 +118,10 @@ def load_model(name_or_path, dtype=None, local_files_only=None):
             "Hugging Face hub cannot be reached (or has no such model). Download it on a machine "
             "with internet access and pass its directory, or use the embedded default with "
             f"MODEL='tiny'. (cause: {type(e).__name__}: {str(e).splitlines()[0]})") from None
-    ensure_tags(tokenizer, model)
+    # Tags stay ordinary text (Search-R1's practice): new tokens would be embeddings the
+    # pretrained model has never trained. Only a pad token is needed, and eos serves.
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token
     return model, tokenizer
 
 
@@ -160,14 +162,14 @@ class Transcript:
         self.gen, self.info, self.kind = [0] * len(self.ids), [0] * len(self.ids), [0] * len(self.ids)
         self.spans = []
 
-    def add_turn(self, turn_ids, kind, turn_index, open_tag_id=None):
-        """Append generated tokens; for a valid action, its span starts at its opening tag."""
+    def add_turn(self, turn_ids, kind, turn_index, offset=None):
+        """Append generated tokens; a valid action's span runs from token ``offset`` of the turn
+        (the first token overlapping its opening tag, see action_start) to the turn's end."""
         start = len(self.ids)
         self.ids += turn_ids
         self.gen += [1] * len(turn_ids)
         self.info += [0] * len(turn_ids)
         if kind in KIND_IDS:
-            offset = len(turn_ids) - 1 - turn_ids[::-1].index(open_tag_id)
             self.kind += [0] * offset + [KIND_IDS[kind]] * (len(turn_ids) - offset)
             self.spans.append((start + offset, len(self.ids), kind, turn_index))
         else:
@@ -181,13 +183,21 @@ class Transcript:
         self.kind += [0] * len(obs_ids)
 
 
+def action_start(tokenizer, turn_ids, text, kind):
+    """Where the action span of a valid turn starts: the first token whose text overlaps its
+    opening tag (a valid turn has exactly one, see search_env.parse_action). None otherwise."""
+    if kind not in KIND_IDS:
+        return None
+    return token_at(tokenizer, turn_ids, text.rindex(se.SEARCH if kind == "search" else se.ANSWER))
+
+
 def encode_episode(tokenizer, prompt, turns, observations):
     """A Transcript of a finished episode given as text (expert demonstrations, tests)."""
-    open_ids = {"search": tag_id(tokenizer, se.SEARCH), "answer": tag_id(tokenizer, se.ANSWER)}
     tr = Transcript(tokenizer.encode(prompt, add_special_tokens=False))
     for i, (turn, obs) in enumerate(zip(turns, observations)):
         kind = se.parse_action(turn).kind
-        tr.add_turn(tokenizer.encode(turn, add_special_tokens=False), kind, i, open_ids.get(kind))
+        ids = tokenizer.encode(turn, add_special_tokens=False)
+        tr.add_turn(ids, kind, i, action_start(tokenizer, ids, tokenizer.decode(ids), kind))
         if obs:
             tr.add_observation(tokenizer.encode(obs, add_special_tokens=False))
     return tr
@@ -234,10 +244,12 @@ def rollout(model, tokenizer, env_factory, questions, group_size=1, max_turns=4,
             max_new_tokens=64, temperature=1.0, greedy=False):
     """Play ``len(questions) * group_size`` episodes, one batched ``generate`` per turn.
 
-    Generation stops per sequence at ``</search>``, ``</answer>`` or eos; each turn's text goes
-    to its env and the observation's token ids are appended. Token ids are kept, never
-    re-encoded from text. One KV cache lives across turns, so a turn prefills only what is new
-    (the last sampled token and the observation): the batch tensor keeps every past column,
+    Generation stops per sequence at the stop strings ``</search>``, ``</answer>`` or at eos;
+    each turn is cut after the token that completes the stop string, its text goes to its env
+    and the observation's token ids are appended. The sampled token ids are kept, never
+    re-encoded from text, so the log-probs are those of the tokens that were sampled, whether
+    a tag is one token or several. One KV cache lives across turns, so a turn prefills only
+    what is new (the last sampled token and the observation): the batch keeps every column,
     and the tokens a sequence would have written after its stop, and the left padding of each
     observation, stay in it as masked-out holes. That is safe because generate derives position
     ids from the mask's cumulative sum, so a sequence sees the same positions as its
@@ -248,13 +260,17 @@ def rollout(model, tokenizer, env_factory, questions, group_size=1, max_turns=4,
     free from the first PPO epoch's forward pass (see train.py).
     """
     device = next(model.parameters()).device
-    stop_ids = [tag_id(tokenizer, se.SEARCH_END), tag_id(tokenizer, se.ANSWER_END), tokenizer.eos_token_id]
-    open_ids = {"search": tag_id(tokenizer, se.SEARCH), "answer": tag_id(tokenizer, se.ANSWER)}
     pad_id = tokenizer.pad_token_id
+    # eos, and any other end-of-text id the model's own generation config lists (Qwen: two)
+    model_eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
+    eos_ids = {tokenizer.eos_token_id, *(model_eos if isinstance(model_eos, list) else [model_eos])} - {None}
+    # Every sampling knob is pinned: generate fills unset ones from the model's own
+    # generation_config (an instruct model ships top_k, top_p, repetition_penalty), and the loss
+    # needs the tokens drawn from softmax(logits / temperature) alone.
     gen_config = GenerationConfig(
         max_new_tokens=max_new_tokens, do_sample=not greedy, temperature=temperature if not greedy else None,
-        top_k=0 if not greedy else None, top_p=1.0 if not greedy else None,
-        eos_token_id=stop_ids, pad_token_id=pad_id)
+        top_k=0 if not greedy else None, top_p=1.0 if not greedy else None, repetition_penalty=1.0,
+        stop_strings=list(STOP_STRINGS), eos_token_id=sorted(eos_ids), pad_token_id=pad_id)
     episodes = [q for q in questions for _ in range(group_size)]
     envs = [env_factory(q) for q in episodes]
     transcripts = [Transcript(tokenizer.encode(render_prompt(tokenizer, q), add_special_tokens=False))
@@ -265,18 +281,18 @@ def rollout(model, tokenizer, env_factory, questions, group_size=1, max_turns=4,
     was_training = model.training
     model.eval()
     for turn in range(max_turns):
-        out = model.generate(input_ids=ids.to(device), attention_mask=mask.to(device),
+        out = model.generate(input_ids=ids.to(device), attention_mask=mask.to(device), tokenizer=tokenizer,
                              generation_config=gen_config, **{CACHE_KWARG: cache}).cpu()
         new = out[:, ids.shape[1]:]
         kept = torch.zeros_like(new)          # 1 where a generated token belongs to its transcript
         observations = []
         for r, i in enumerate(rows):
-            tokens = _cut_at_stop(new[r].tolist(), stop_ids, pad_id)
+            tokens, text = cut_turn(tokenizer, new[r].tolist(), eos_ids, pad_id)
             kept[r, :len(tokens)] = 1
-            turn_texts[i].append(tokenizer.decode(tokens))
-            result = envs[i].step(turn_texts[i][-1])
+            turn_texts[i].append(text)
+            result = envs[i].step(text)
             kind = result.action.kind
-            transcripts[i].add_turn(tokens, kind, turn, open_ids.get(kind))
+            transcripts[i].add_turn(tokens, kind, turn, action_start(tokenizer, tokens, text, kind))
             obs = tokenizer.encode(result.observation, add_special_tokens=False) if result.observation else []
             transcripts[i].add_observation(obs)
             observations.append(obs)
@@ -308,14 +324,22 @@ def _left_pad(rows, pad_id):
     return ids, mask
 
 
-def _cut_at_stop(tokens, stop_ids, pad_id):
-    """The generated tokens up to and including the first stop token (eos is dropped)."""
-    for j, t in enumerate(tokens):
-        if t in stop_ids:
-            return tokens[:j + 1] if t != stop_ids[-1] else tokens[:j]
-    while tokens and tokens[-1] == pad_id:  # ran to max_new_tokens: keep what was written
+def cut_turn(tokenizer, tokens, eos_ids, pad_id):
+    """One generated turn as (token ids, text): everything before the first eos, then cut after
+    the token that completes the first ``</search>`` or ``</answer>`` (the stop strings). The
+    text is what the env reads: it ends at the stop string, even when the last token also holds
+    a character or two after it. A turn that ran to max_new_tokens keeps what was written."""
+    eos = next((j for j, t in enumerate(tokens) if t in eos_ids), None)
+    if eos is not None:
+        tokens = tokens[:eos]
+    while tokens and tokens[-1] == pad_id:   # a row that stopped early, padded by generate
         tokens = tokens[:-1]
-    return tokens
+    text = tokenizer.decode(tokens)
+    ends = [text.find(s) + len(s) for s in STOP_STRINGS if s in text]
+    if ends:
+        end = min(ends)
+        tokens, text = tokens[:token_at(tokenizer, tokens, end - 1) + 1], text[:end]
+    return tokens, text
 
 
 # ----------------------------------------------------------------------------- log-probs
@@ -324,20 +348,41 @@ def token_logprobs(model, input_ids, attention_mask, score_mask=None, chunk=4096
 
     Only positions where ``score_mask`` is 1 are computed (all others are 0): the decoder runs
     over the whole batch once, but the output projection and the log-softmax run only on the
-    selected hidden states, ``chunk`` rows at a time, with gather - logsumexp instead of a full
-    [N, T, V] log-softmax, so a 150k-vocabulary model fits in memory.
+    selected hidden states, ``chunk`` rows at a time (fewer for a large vocabulary: 883 for
+    Qwen's 152k), with gather - logsumexp instead of a full [N, T, V] log-softmax, so a
+    150k-vocabulary model fits in memory. With gradient
+    checkpointing on (enable_checkpointing), each chunk's logits are recomputed in the backward
+    pass too: autograd would otherwise keep every chunk's [chunk, V] float32 logits, 0.6 MB per
+    scored token of a 150k vocabulary.
     """
-    hidden = model.get_decoder()(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+    decoder = model.get_decoder()
+    # No KV cache in a scoring forward: it would only hold every layer's keys and values.
+    hidden = decoder(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).last_hidden_state
     if score_mask is None:
         score_mask = attention_mask
     select = score_mask[:, 1:].bool()                          # [N, T-1] targets to score
     h = hidden[:, :-1][select]                                 # [M, d] the states predicting them
     targets = input_ids[:, 1:][select]                         # [M]
     head = model.get_output_embeddings()
+    rows = min(chunk, max(1, 2**27 // head.weight.shape[0]))  # at most 2^27 logits (512 MB fp32) at once
+    recompute = torch.is_grad_enabled() and model.training and getattr(decoder, "gradient_checkpointing", False)
     pieces = []
-    for s in range(0, h.shape[0], chunk):
-        logits = head(h[s:s + chunk]).float() / temperature    # [chunk, V]
-        pieces.append(logits.gather(-1, targets[s:s + chunk, None]).squeeze(-1) - logits.logsumexp(-1))
+    for s in range(0, h.shape[0], rows):
+        args = (head, h[s:s + rows], targets[s:s + rows], temperature)
+        pieces.append(checkpoint(_chunk_logprobs, *args, use_reentrant=False) if recompute
+                      else _chunk_logprobs(*args))
     logp = torch.cat(pieces) if pieces else h.new_zeros(0, dtype=torch.float32)
     out = torch.zeros(select.shape, dtype=torch.float32, device=input_ids.device)
     return torch.nn.functional.pad(out.masked_scatter(select, logp), (1, 0))  # [N, T]
+
+
+def _chunk_logprobs(head, h, targets, temperature):
+    logits = head(h).float() / temperature                     # [chunk, V]
+    return logits.gather(-1, targets[:, None]).squeeze(-1) - logits.logsumexp(-1)
+
+
+def enable_checkpointing(model):
+    """Gradient (activation) checkpointing: each decoder layer's activations are recomputed in
+    the backward pass instead of kept, the usual trade of ~30% more compute for memory."""
+    enable = getattr(model, "activation_checkpointing_enable", None) or model.gradient_checkpointing_enable
+    enable({"use_reentrant": False})   # the renamed method in transformers 5; the kwargs dict either way

@@ -2,14 +2,17 @@
 
     python train.py                                   # embedded tiny model, CPU or one GPU
     python train.py --METHOD=grpo --SEED=1            # any constant below can be overridden
+    python train.py config/qwen2.5-0.5b-instruct.py   # a preset file, then overrides: later wins
     python train.py --OUT_DIR=out/run --resume        # continue from the latest checkpoint
     python train.py --OUT_DIR=out/run --overwrite     # start again, deleting the run that is there
     torchrun --nproc_per_node=4 train.py              # data parallel on 4 GPUs (or CPU gloo)
 
-The constants below are the whole config. Stages, top to bottom: world and tokenizer, model,
-supervised warm-up on expert episodes (cached, so GRPO and EviSD start from the same weights),
-then the RL loop: rollout -> rewards -> group advantages -> (EviSD: teacher re-scoring and the
-bounded correction) -> clipped policy loss -> AdamW.
+The constants below are the whole config; a preset under config/ is a file of plain
+``NAME = value`` lines, read (never executed) and checked like ``--NAME=value``. Stages, top
+to bottom: world and tokenizer, model, supervised warm-up on expert episodes (cached, so GRPO
+and EviSD start from the same weights), then the RL loop: rollout -> rewards -> group
+advantages -> (EviSD: teacher re-scoring and the bounded correction) -> clipped policy loss ->
+AdamW.
 """
 import ast
 import copy
@@ -38,7 +41,7 @@ from model import autocast
 
 # ----------------------------------------------------------------------------- config
 # model
-MODEL = "tiny"               # "tiny" | "small" (embedded, built offline) or an HF name/path
+MODEL = "tiny"               # "tiny" | "small" | "base" (embedded, built offline) or an HF name/path
 METHOD = "evisd"             # "evisd" | "grpo"
 SEED = 0
 # world
@@ -49,7 +52,7 @@ MAX_TURNS = 4                # generated turns per episode
 # supervised warm-up
 SFT_STEPS = 900
 SFT_BATCH = 16
-SFT_LR = 3e-3
+SFT_LR = -1.0                # -1 = auto: 3e-3 embedded, 1e-5 HF model (see AUTO)
 SFT_NOISE = 0.4              # chance that an expert demonstration makes one mistake
 SFT_STOP_EARLY = 0.5         # chance that a two-hop demonstration answers after one hop: a habit
                              # greedy imitation inherits and only the reward can correct
@@ -59,7 +62,7 @@ SFT_DIR = "out/sft"          # warm-up checkpoints, one per (seed, model, world,
 RL_STEPS = 60
 QUESTIONS_PER_STEP = 8
 GROUP_SIZE = 8
-LR = 2e-4                    # 5e-4 collapsed held-out EM 0.70 -> 0.06 in 40 steps (README)
+LR = -1.0                    # -1 = auto: 2e-4 embedded (5e-4 collapsed, README), 1e-6 HF (Search-R1)
 KL_COEF = 0.01               # k3 KL to the frozen warm-up model
 CLIP_EPS = 0.2
 PPO_EPOCHS = 1               # with 1, the ratio is exactly 1 and the clip never acts
@@ -81,9 +84,13 @@ OUT_DIR = "out/run"
 # system
 DEVICE = "auto"              # "auto" | "cpu" | "cuda" | "cuda:N"
 DTYPE = "auto"               # "auto" (bf16 on CUDA if supported) | "float32" | "bfloat16"
+GRADIENT_CHECKPOINTING = False  # recompute activations in backward: memory for real models
 MAX_BAD_STEPS = 5            # consecutive non-finite losses before stopping
 
 CHOICES = {"METHOD": ("evisd", "grpo"), "DTYPE": ("auto", "float32", "bfloat16", "float16")}
+# Settings whose -1 means auto: (embedded model, HF model). A pretrained model must never get
+# the embedded model's rates, which are tuned for 1M random weights and would wreck it.
+AUTO = {"SFT_LR": (3e-3, 1e-5), "LR": (2e-4, 1e-6), "SFT_PRIVILEGED_FRAC": (0.3, 0.0)}
 CONFIG_KEYS = [k for k, v in list(globals().items())
                if k.isupper() and isinstance(v, (int, float, bool, str)) and k != "CHOICES"]
 # The warm-up's weights depend on these (and on the resolved SFT_PRIVILEGED_FRAC): its cache key.
@@ -94,32 +101,72 @@ WARMUP_KEYS = ("MODEL", "SEED", "WORLD_SCALE", "TOP_K", "MAX_TURNS", "SFT_STEPS"
 RUN_KEYS = WARMUP_KEYS + ("SFT_PRIVILEGED_FRAC", "METHOD", "FRESH_WORLDS")
 
 
+def check_setting(name, value, text, defaults, where=""):
+    """``value`` for setting ``name`` if its type is the default's (an int is fine for a float);
+    otherwise stop with a message naming the setting, what was given and what is allowed.
+    ``text`` is the value as written; ``where`` names the config file and line it came from."""
+    if name not in defaults:
+        raise SystemExit(f"{where}unknown setting {name!r}; allowed: {', '.join(sorted(defaults))}")
+    default = defaults[name]
+    if isinstance(default, float) and isinstance(value, int) and not isinstance(value, bool):
+        value = float(value)
+    if type(value) is not type(default):
+        raise SystemExit(f"{where}{name}={text!r}: expected {type(default).__name__} "
+                         f"like the default {default!r}, got {type(value).__name__}")
+    if name in CHOICES and value not in CHOICES[name]:
+        raise SystemExit(f"{where}{name}={value!r}: allowed values are {', '.join(CHOICES[name])}")
+    return value
+
+
+def read_config_file(path, defaults):
+    """The settings of a preset file: ``NAME = literal`` lines (and a docstring), parsed with
+    ast and never executed, so a config file cannot run code; each checked by check_setting."""
+    if not os.path.isfile(path):
+        raise SystemExit(f"no config file {path!r}; the presets are config/*.py")
+    source = open(path).read()
+    try:
+        tree = ast.parse(source, filename=path)
+    except SyntaxError as e:
+        raise SystemExit(f"{path}, line {e.lineno}: not a valid config file: {e.msg}") from None
+    settings = {}
+    for node in tree.body:
+        where = f"{path}, line {node.lineno}: "
+        if isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant):
+            continue                                      # a docstring
+        if not (isinstance(node, ast.Assign) and len(node.targets) == 1
+                and isinstance(node.targets[0], ast.Name)):
+            raise SystemExit(f"{where}only plain assignments NAME = value are allowed, got "
+                             f"{ast.get_source_segment(source, node)!r}")
+        name, text = node.targets[0].id, ast.get_source_segment(source, node.value)
+        try:
+            value = ast.literal_eval(node.value)
+        except ValueError:
+            raise SystemExit(f"{where}{name}: the value must be a literal (a number, a quoted "
+                             f"string, True or False), got {text!r}") from None
+        settings[name] = check_setting(name, value, text, defaults, where)
+    return settings
+
+
 def parse_overrides(argv, defaults):
-    """``--NAME=value`` overrides, type-checked against the defaults; also ``--resume`` and
-    ``--overwrite``. Returns (config, resume, overwrite)."""
+    """Config files (``config/NAME.py``) and ``--NAME=value`` overrides, applied in order (a
+    later one wins) and type-checked against the defaults; also ``--resume`` and ``--overwrite``.
+    Returns (config, resume, overwrite)."""
     config, flags = dict(defaults), set()
     for arg in argv:
         if arg in ("--resume", "--overwrite"):
             flags.add(arg[2:])
-            continue
-        if not arg.startswith("--") or "=" not in arg:
-            raise SystemExit(f"bad argument {arg!r}: use --NAME=value, --resume or --overwrite")
-        name, text = arg[2:].split("=", 1)
-        if name not in defaults:
-            raise SystemExit(f"unknown setting {name!r}; allowed: {', '.join(sorted(defaults))}")
-        default = defaults[name]
-        try:
-            value = ast.literal_eval(text)
-        except (ValueError, SyntaxError):
-            value = text                      # a bare word: a string
-        if isinstance(default, float) and isinstance(value, int) and not isinstance(value, bool):
-            value = float(value)
-        if type(value) is not type(default):
-            raise SystemExit(f"{name}={text!r}: expected {type(default).__name__} "
-                             f"like the default {default!r}, got {type(value).__name__}")
-        if name in CHOICES and value not in CHOICES[name]:
-            raise SystemExit(f"{name}={value!r}: allowed values are {', '.join(CHOICES[name])}")
-        config[name] = value
+        elif arg.startswith("--") and "=" in arg:
+            name, text = arg[2:].split("=", 1)
+            try:
+                value = ast.literal_eval(text)
+            except (ValueError, SyntaxError):
+                value = text                      # a bare word: a string
+            config[name] = check_setting(name, value, text, defaults)
+        elif arg.endswith(".py"):
+            config.update(read_config_file(arg, defaults))
+        else:
+            raise SystemExit(f"bad argument {arg!r}: use --NAME=value, a config file "
+                             "(config/NAME.py), --resume or --overwrite")
     if not (config["DEVICE"] in ("auto", "cpu", "cuda") or config["DEVICE"].startswith("cuda:")):
         raise SystemExit(f"DEVICE={config['DEVICE']!r}: allowed values are auto, cpu, cuda, cuda:N")
     for name in ("SFT_STEPS", "RL_STEPS", "EVAL_EVERY", "CKPT_EVERY"):
@@ -133,6 +180,10 @@ def parse_overrides(argv, defaults):
         raise SystemExit(f"GROUP_SIZE must be >= 2 (GRPO compares samples), got {config['GROUP_SIZE']}")
     if flags == {"resume", "overwrite"}:
         raise SystemExit("--resume continues the run in OUT_DIR and --overwrite deletes it: give one")
+    embedded = config["MODEL"] in M.SIZES
+    for name, (for_embedded, for_hf) in AUTO.items():      # -1 = auto, resolved once, here
+        if config[name] < 0:
+            config[name] = for_embedded if embedded else for_hf
     return config, "resume" in flags, "overwrite" in flags
 
 
@@ -272,10 +323,11 @@ def sft_batch(cfg, tokenizer, step, privileged_frac):
 
 
 def supervised_warmup(cfg, lm, tokenizer, device, dtype, rank):
-    """Fit the model to expert transcripts (loss on generated tokens only); cached on disk."""
+    """Fit the model to expert transcripts (loss on generated tokens only); cached on disk.
+    Returns the warm-up's path: for a pretrained model with SFT_STEPS=0, the model itself."""
+    if cfg["SFT_STEPS"] == 0 and cfg["MODEL"] not in M.SIZES:
+        return cfg["MODEL"]   # no warm-up: no copy of a pretrained model's weights on disk
     frac = cfg["SFT_PRIVILEGED_FRAC"]
-    if frac < 0:
-        frac = 0.3 if cfg["MODEL"] in M.SIZES else 0.0
     tag = hashlib.sha1(json.dumps([cfg[k] for k in WARMUP_KEYS] + [frac]).encode()).hexdigest()[:10]
     path = f"{cfg['SFT_DIR']}-{tag}"
     # Rank 0 alone decides whether to train: if each rank checked the disk itself, a slow rank
@@ -434,14 +486,18 @@ def main(argv):
         tokenizer = M.build_tokenizer(M.tokenizer_texts())
         lm = M.build_model(tokenizer, cfg["MODEL"], seed=cfg["SEED"])
     else:
-        lm, tokenizer = M.load_model(cfg["MODEL"])
+        # float32 weights, whatever the checkpoint's dtype: autocast computes in DTYPE, and an
+        # LR of 1e-6 moves a weight far less than bf16 can represent (8 mantissa bits: 0.4%).
+        lm, tokenizer = M.load_model(cfg["MODEL"], dtype=torch.float32)
+    if cfg["GRADIENT_CHECKPOINTING"]:
+        M.enable_checkpointing(lm)
     lm.to(device)
 
     # 2. supervised warm-up (shared by GRPO and EviSD runs of the same seed)
     sft_path = supervised_warmup(cfg, lm, tokenizer, device, dtype, rank)
     ref = None
-    if cfg["KL_COEF"] > 0:
-        ref = copy.deepcopy(lm).eval().requires_grad_(False)  # lm holds the warm-up weights now
+    if cfg["KL_COEF"] > 0:  # lm holds the warm-up weights now; the copy computes in DTYPE only
+        ref = copy.deepcopy(lm).to(dtype).eval().requires_grad_(False)
 
     # 3. RL, resumable
     opt = torch.optim.AdamW(lm.parameters(), lr=cfg["LR"], weight_decay=0.0)

@@ -96,9 +96,14 @@ def test_gap_stats_by_sign():
 
 
 # ----------------------------------------------------------------------------- teacher context
-@pytest.fixture(scope="module")
-def setup():
-    tok = M.build_tokenizer(M.tokenizer_texts(seeds=(0,)))
+@pytest.fixture(scope="module", params=["embedded", "pretrained-style"])
+def setup(request):
+    """An expert episode encoded by the embedded tokenizer (every tag one token) or by the
+    pretrained-style stand-in of conftest.py (every tag several tokens)."""
+    if request.param == "embedded":
+        tok = M.build_tokenizer(M.tokenizer_texts(seeds=(0,)))
+    else:
+        tok = M.load_model(request.getfixturevalue("standin_dir"), local_files_only=True)[1]
     world = se.make_world(seed=5, n_people=20, n_cities=8, n_countries=3, n_films=8, n_companies=6)
     q = [q for q in world.split("train") if q.hops == 2][0]
     ep = se.expert_episode(q, world)

@@ -1,7 +1,7 @@
 """Tests for model.py: tokenizer, checkpoints, log-probs, rollouts and their masks."""
 import pytest
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer
+from transformers import AutoModelForCausalLM, AutoTokenizer, LogitsProcessor, LogitsProcessorList
 
 import model as M
 import search_env as se
@@ -91,6 +91,22 @@ def test_token_logprobs_has_gradient(lm):
     lm.zero_grad()
 
 
+def test_gradient_checkpointing_gives_the_same_logprobs_and_gradients(tok):
+    ids = torch.tensor([[5, 17, 42, 99, 3, 250, 7], [8, 9, 10, 11, 12, 0, 0]])
+    mask = torch.tensor([[1] * 7, [1] * 5 + [0] * 2])
+    runs = []
+    for checkpointing in (False, True):
+        lm = M.build_model(tok, "tiny").train()
+        if checkpointing:          # layers and, in token_logprobs, the output head are recomputed
+            M.enable_checkpointing(lm)
+        lp = M.token_logprobs(lm, ids, mask, chunk=3)
+        lp.sum().backward()
+        runs.append((lp.detach(), [p.grad for p in lm.parameters()]))
+    (lp0, g0), (lp1, g1) = runs
+    assert torch.allclose(lp0, lp1, atol=1e-6)
+    assert all(torch.allclose(a, b, atol=1e-6) for a, b in zip(g0, g1))
+
+
 def _check_masks(r, tok, world):
     N, T = r.input_ids.shape
     assert r.gen_mask.shape == r.info_mask.shape == r.action_kind.shape == (N, T)
@@ -107,6 +123,11 @@ def _check_masks(r, tok, world):
             if kind != "invalid":
                 text = tok.decode(r.input_ids[i, start:end])
                 assert se.parse_action(text).kind == kind
+                # Exact: the first token holds the start of the opening tag, the last the end of
+                # the closing one (with a tag of several tokens, neither may be left out).
+                open_tag, close_tag = (se.SEARCH, se.SEARCH_END) if kind == "search" else (se.ANSWER, se.ANSWER_END)
+                assert open_tag not in tok.decode(r.input_ids[i, start + 1:end])
+                assert close_tag not in tok.decode(r.input_ids[i, start:end - 1])
         # Each observation, decoded from its info tokens, is exactly what the env returned.
         info = r.info_mask[i].bool()
         runs, cur = [], []
@@ -234,3 +255,102 @@ def test_missing_hub_model_gives_clear_error(monkeypatch, tmp_path):
 def test_build_model_rejects_unknown_size(tok):
     with pytest.raises(ValueError, match="allowed"):
         M.build_model(tok, "huge")
+
+
+# ----------------------------------------------------------------------------- pretrained-style tokenizers
+@pytest.fixture(scope="module")
+def standin(standin_dir):
+    """(model, tokenizer) of the local stand-in for a pretrained instruct model (conftest.py)."""
+    lm, tok = M.load_model(standin_dir, local_files_only=True)
+    return lm.eval(), tok
+
+
+def policy(which, request):
+    if which == "embedded":
+        return request.getfixturevalue("lm"), request.getfixturevalue("tok")
+    return request.getfixturevalue("standin")
+
+
+def test_pretrained_tokenizer_gets_no_new_tokens(standin, standin_dir):
+    lm, tok = standin
+    assert len(tok) == len(AutoTokenizer.from_pretrained(standin_dir)) == lm.get_input_embeddings().weight.shape[0]
+    assert all(len(tok.encode(tag, add_special_tokens=False)) > 1 for tag in se.TAGS)
+    assert tok.pad_token_id is not None and tok.pad_token_id != tok.eos_token_id
+
+
+@pytest.mark.parametrize("which", ["embedded", "pretrained-style"])
+def test_cut_turn_keeps_sampled_ids_and_cuts_after_the_stop_string(which, request):
+    _, tok = policy(which, request)
+    text = "<think> a naïve café </think><search> kalo mira </search>"
+    ids = tok.encode(text + " junk", add_special_tokens=False)
+    tokens, got = M.cut_turn(tok, ids + [tok.pad_token_id] * 3, {tok.eos_token_id}, tok.pad_token_id)
+    assert got == text and tokens == ids[:len(tokens)]             # a prefix of what was sampled
+    assert tok.decode(tokens) == text and se.SEARCH_END not in tok.decode(tokens[:-1])
+    start = M.action_start(tok, tokens, got, "search")
+    assert tok.decode(tokens[start:]).endswith("<search> kalo mira </search>")
+    assert se.SEARCH not in tok.decode(tokens[start + 1:])
+    eos = tok.eos_token_id                                         # eos ends a turn, and is dropped
+    assert M.cut_turn(tok, ids[:4] + [eos] + ids[4:], {eos}, tok.pad_token_id)[0] == ids[:4]
+    # No stop string (ran to max_new_tokens): everything written is kept.
+    assert M.cut_turn(tok, ids[:6], {eos}, tok.pad_token_id) == (ids[:6], tok.decode(ids[:6]))
+
+
+class Force(LogitsProcessor):
+    """Make generate() write ``script`` after column ``start``, then the last token forever."""
+
+    def __init__(self, script, start):
+        self.script, self.start = script, start
+
+    def __call__(self, input_ids, scores):
+        k = min(input_ids.shape[1] - self.start, len(self.script) - 1)
+        forced = torch.full_like(scores, -float("inf"))
+        forced[:, self.script[k]] = 0.0
+        return forced
+
+
+class ForcedLM(torch.nn.Module):
+    """A real HF model whose generate() is forced to write one scripted turn per call followed
+    by junk, so the real stop strings, KV cache and padding decide where each turn ends."""
+
+    def __init__(self, lm, tok, turns):
+        super().__init__()
+        self.lm, self.generation_config = lm, lm.generation_config
+        self.turns = [tok.encode(t + " and junk after it", add_special_tokens=False) for t in turns]
+        self.returned = []                    # the new tokens of each generate() call
+
+    def generate(self, input_ids, **kw):
+        start = input_ids.shape[1]
+        force = LogitsProcessorList([Force(self.turns[len(self.returned)], start)])
+        out = self.lm.generate(input_ids=input_ids, logits_processor=force, **kw)
+        self.returned.append(out[:, start:])
+        return out
+
+
+@pytest.mark.parametrize("which", ["embedded", "pretrained-style"])
+def test_rollout_stops_at_stop_strings_with_exact_spans(which, request, world):
+    """One code path for a tag of one token (embedded) and of several (pretrained): generate
+    stops right after the token that completes </search> or </answer>, the sampled ids are kept,
+    and action_kind covers exactly the tokens that overlap <search> ... </search>."""
+    lm, tok = policy(which, request)
+    script = ["<think> i need x. </think><search> kalo mira </search>", "<think> ok. </think><answer> velmar </answer>"]
+    forced = ForcedLM(lm, tok, script)
+    qs = world.split("train")[:2]
+    r = M.rollout(forced, tok, lambda q: se.SearchEnv(world, q, max_turns=2), qs, max_turns=2,
+                  max_new_tokens=40, greedy=True)
+    assert [tok.batch_decode(new) for new in forced.returned] == [[s, s] for s in script]  # no junk generated
+    assert r.answers == ["velmar", "velmar"] and (r.turns == 2).all()
+    _check_masks(r, tok, world)
+    for i in range(2):
+        for (start, end, kind, turn), text in zip(r.spans[i], script):
+            turn_ids = tok.encode(text, add_special_tokens=False)
+            assert r.input_ids[i, end - len(turn_ids):end].tolist() == turn_ids   # sampled ids, as they were
+            # The tokens whose characters overlap the action's (from decoded prefixes) are exactly
+            # the tokens marked with its kind.
+            ends = [len(tok.decode(turn_ids[:j + 1])) for j in range(len(turn_ids))]
+            starts, lo = [0] + ends[:-1], text.index("<" + kind + ">")
+            expected = [M.KIND_IDS[kind] if e > lo else 0 for e in ends]
+            assert r.action_kind[i, end - len(turn_ids):end].tolist() == expected
+            assert start == end - len(turn_ids) + expected.index(M.KIND_IDS[kind])
+            assert starts[expected.index(M.KIND_IDS[kind])] <= lo
+    if which == "pretrained-style":
+        assert len(tok.encode(se.SEARCH_END, add_special_tokens=False)) > 1

@@ -1,4 +1,6 @@
-"""Tests for train.py and evaluate.py: overrides, a smoke run of the real loop, resume, eval."""
+"""Tests for train.py and evaluate.py: overrides and presets, a smoke run of the real loop,
+resume, eval, and warm-up-free RL on a pretrained-style stand-in."""
+import glob
 import json
 import os
 
@@ -7,6 +9,7 @@ import torch
 
 import evaluate
 import train
+from transformers import AutoModelForCausalLM, AutoTokenizer
 
 TINY = ["--WORLD_SCALE=0.15", "--SFT_STEPS=4", "--SFT_BATCH=4", "--RL_STEPS=4",
         "--QUESTIONS_PER_STEP=2", "--GROUP_SIZE=2", "--MAX_NEW_TOKENS=12", "--MAX_TURNS=2",
@@ -39,6 +42,7 @@ def strip_timing(rs):
     ("--GROUP_SIZE=1", "GROUP_SIZE must be >= 2"),
     ("RL_STEPS=3", "use --NAME=value"),
     ("--resume --overwrite", "--resume continues the run in OUT_DIR and --overwrite deletes it"),
+    ("config/no-such-preset.py", "no config file"),
 ])
 def test_override_errors(arg, message):
     with pytest.raises(SystemExit, match=message):
@@ -51,6 +55,51 @@ def test_overrides_parse_types():
     assert cfg["LR"] == 1.0 and isinstance(cfg["LR"], float)
     assert cfg["METHOD"] == "grpo" and cfg["BOUNDED"] is False and resume and not overwrite
     assert cfg["OUT_DIR"] == "out/x" and cfg["SEED"] == DEFAULTS["SEED"]
+
+
+def test_auto_learning_rates_depend_on_the_model():
+    embedded, _, _ = train.parse_overrides([], DEFAULTS)
+    assert (embedded["LR"], embedded["SFT_LR"], embedded["SFT_PRIVILEGED_FRAC"]) == (2e-4, 3e-3, 0.3)
+    hf, _, _ = train.parse_overrides(["--MODEL=Qwen/Qwen2.5-0.5B-Instruct"], DEFAULTS)
+    assert (hf["LR"], hf["SFT_LR"], hf["SFT_PRIVILEGED_FRAC"]) == (1e-6, 1e-5, 0.0)
+    chosen, _, _ = train.parse_overrides(["--MODEL=some/model", "--LR=3e-6"], DEFAULTS)
+    assert chosen["LR"] == 3e-6                                   # an explicit value wins
+
+
+def test_config_file_then_overrides_in_order(tmp_path):
+    path = tmp_path / "exp.py"
+    path.write_text('"""An experiment."""\nMETHOD = "grpo"\nLR = 1e-5\nRL_STEPS = 3\nBOUNDED = False\n')
+    cfg, _, _ = train.parse_overrides([str(path), "--RL_STEPS=5"], DEFAULTS)
+    assert (cfg["METHOD"], cfg["LR"], cfg["RL_STEPS"], cfg["BOUNDED"]) == ("grpo", 1e-5, 5, False)
+    cfg, _, _ = train.parse_overrides(["--RL_STEPS=5", str(path)], DEFAULTS)
+    assert cfg["RL_STEPS"] == 3                                   # the later argument wins
+
+
+@pytest.mark.parametrize("text, message", [
+    ("import os", "line 1: only plain assignments NAME = value"),
+    ('LR = 1e-6\nos.system("x")', "line 2: only plain assignments"),
+    ("LR: float = 1e-6", "only plain assignments"),
+    ("LR = RL_STEPS = 1", "only plain assignments"),
+    ("LR = 2 * 1e-6", "line 1: LR: the value must be a literal"),
+    ("LR = __import__('os')", "the value must be a literal"),
+    ("LR = 'fast'", "line 1: LR=\"'fast'\": expected float like the default"),
+    ("NOPE = 1", "line 1: unknown setting 'NOPE'; allowed: .*METHOD"),
+    ("METHOD = 'ppo'", "allowed values are evisd, grpo"),
+    ("LR = (", "line 1: not a valid config file"),
+])
+def test_config_file_errors_name_file_and_line(tmp_path, text, message):
+    path = tmp_path / "bad.py"
+    path.write_text(text)
+    with pytest.raises(SystemExit, match=message) as e:
+        train.parse_overrides([str(path)], DEFAULTS)
+    assert str(path) in str(e.value)
+
+
+@pytest.mark.parametrize("preset", sorted(glob.glob(os.path.join(os.path.dirname(train.__file__), "config", "*.py"))))
+def test_presets_parse_and_pretrained_models_get_small_rates(preset):
+    cfg, _, _ = train.parse_overrides([preset], DEFAULTS)
+    if cfg["MODEL"] not in train.M.SIZES:
+        assert cfg["LR"] <= 1e-5 and cfg["SFT_LR"] <= 1e-5 and cfg["SFT_STEPS"] == 0
 
 
 def test_smoke_run_resume_and_evaluate(tmp_path):
@@ -136,3 +185,29 @@ def test_paired_table_and_credit_report_on_tiny_runs(tmp_path, capsys):
         assert card["episodes"] == 4 * 2 and set(card["parts"]) >= {"all", "search_tag", "answer_content"}
         assert 0.0 <= card["shares"]["label_invalid"] <= 1.0
     assert "AUC of gap" in capsys.readouterr().out
+
+
+def test_pretrained_standin_runs_rl_without_warmup_and_evaluates(tmp_path, standin_dir):
+    """`python train.py --MODEL=<dir>` and the Qwen preset on the pretrained-style stand-in:
+    RL from the model as it is, auto (tiny) learning rate, tags as text, and evaluate.py on the
+    result. Its random weights write garbage, so this checks the path, not learning."""
+    vocab = len(AutoTokenizer.from_pretrained(standin_dir))
+    plain = run(tmp_path, "plain", f"--MODEL={standin_dir}", "--SFT_STEPS=0", "--RL_STEPS=2", "--MAX_NEW_TOKENS=8")
+    preset = str(tmp_path / "preset")
+    small = [a for a in TINY if not a.startswith("--SFT_STEPS")]   # the preset's SFT_STEPS=0 stays
+    train.main(["config/qwen2.5-0.5b-instruct.py"] + small + [     # the preset's file, then overrides
+        f"--MODEL={standin_dir}", "--RL_STEPS=2", "--MAX_NEW_TOKENS=8", f"--OUT_DIR={preset}",
+        f"--SFT_DIR={tmp_path}/sft"])
+    for out in (plain, preset):
+        cfg = json.load(open(os.path.join(out, "config.json")))
+        assert cfg["LR"] == 1e-6 and cfg["SFT_STEPS"] == 0
+        assert [r["step"] for r in rows(out) if not r.get("eval")] == [0, 1]
+        ckpt = os.path.join(out, "ckpt-000002")
+        assert len(AutoTokenizer.from_pretrained(ckpt)) == vocab                    # no tag was added
+        assert AutoModelForCausalLM.from_pretrained(ckpt).get_input_embeddings().weight.shape[0] == vocab
+    assert json.load(open(os.path.join(preset, "config.json")))["GRADIENT_CHECKPOINTING"] is True
+    assert not glob.glob(f"{tmp_path}/sft-*")          # no warm-up: no copy of the model on disk
+    js = str(tmp_path / "rows.json")
+    evaluate.main([plain, preset, "--worlds", "1", "--json", js])
+    got = json.load(open(js))["runs"]
+    assert len(got) == 2 and all("macro" in r and r["warmup_macro"] is not None for r in got)

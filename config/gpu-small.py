@@ -1,0 +1,15 @@
+"""The embedded `small` model (~5M parameters, built offline) with a longer run, for one GPU:
+twice the warm-up, three times the RL steps and twice the questions per step of the CPU
+default, and every held-out question in the evaluations. Learning rates stay auto (the
+embedded model's, tuned on `tiny`). Not yet measured on a GPU. For `base`, add --MODEL=base.
+
+    python train.py config/gpu-small.py --SEED=1
+"""
+MODEL = "small"
+SFT_STEPS = 1800
+SFT_BATCH = 32
+RL_STEPS = 180
+QUESTIONS_PER_STEP = 16
+EVAL_EVERY = 30
+EVAL_QUESTIONS = 200
+OUT_DIR = "out/gpu-small"

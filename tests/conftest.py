@@ -1,0 +1,44 @@
+"""Shared fixtures: a local stand-in for a pretrained instruct model, built without a download."""
+import pytest
+import torch
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+from transformers import GenerationConfig, PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
+
+import model as M
+
+# ChatML, the template of the Qwen instruct models.
+CHAT_TEMPLATE = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n"
+                 "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+
+
+def build_standin(path):
+    """A local HF directory that behaves like a pretrained instruct model where this project
+    cares: a byte-level BPE tokenizer with no protocol tag in its vocabulary (each tag is
+    several tokens, as `</search>` is in Qwen's), ChatML special tokens, a chat template, eos
+    different from pad, a generation config with an instruct model's sampling defaults and
+    two eos ids, and a small random Qwen2 causal LM saved with save_pretrained."""
+    bpe = Tokenizer(models.BPE())
+    bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    bpe.decoder = decoders.ByteLevel()
+    bpe.train_from_iterator(M.tokenizer_texts(seeds=(0,)), trainers.BpeTrainer(
+        vocab_size=1024, special_tokens=["<|endoftext|>", "<|im_start|>", "<|im_end|>"],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False))
+    tok = PreTrainedTokenizerFast(tokenizer_object=bpe, eos_token="<|im_end|>", pad_token="<|endoftext|>")
+    tok.chat_template = CHAT_TEMPLATE
+    config = Qwen2Config(vocab_size=len(tok), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=True,
+                         max_position_embeddings=2048, eos_token_id=tok.eos_token_id,
+                         pad_token_id=tok.pad_token_id)
+    torch.manual_seed(0)
+    lm = Qwen2ForCausalLM(config)
+    lm.generation_config = GenerationConfig(eos_token_id=[tok.eos_token_id, tok.pad_token_id],
+                                            pad_token_id=tok.pad_token_id, do_sample=True,
+                                            temperature=0.7, top_k=20, top_p=0.8, repetition_penalty=1.05)
+    lm.save_pretrained(path)
+    tok.save_pretrained(path)
+    return str(path)
+
+
+@pytest.fixture(scope="session")
+def standin_dir(tmp_path_factory):
+    return build_standin(tmp_path_factory.mktemp("standin-instruct"))
