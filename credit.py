@@ -37,8 +37,9 @@ def mean(values):
 # ----------------------------------------------------------------------------- labels per step
 def episode_labels(rollouts, world, top_k):
     """The oracle labels of every episode of a Rollouts batch: a list (None where unknown)."""
-    return [se.label_actions(q, world, turns, top_k) if turns is not None else None
-            for q, turns in zip(rollouts.questions, rollouts.turn_texts or [None] * len(rollouts.questions))]
+    if rollouts.turn_texts is None:        # a batch built from transcripts, not played
+        return [None] * len(rollouts.questions)
+    return [se.label_actions(q, world, turns, top_k) for q, turns in zip(rollouts.questions, rollouts.turn_texts)]
 
 
 def label_shares(labels):
@@ -115,8 +116,9 @@ def misassigned_mass(token_adv, token_sign):
     return (wrong / total).item() if total > 0 else None
 
 
-def summarise(records, adv, token_adv, shape):
+def summarise(records, adv, token_adv):
     """The report card from action records: table rows, AUCs and misassigned masses."""
+    shape = token_adv.shape
     table = defaultdict(list)
     for r in records:
         table[(r["kind"], r["part"], r["label"], r["sign"])].append(r)
@@ -169,8 +171,9 @@ def report(lm, tokenizer, cfg, sets, seed=0, progress=None):
     for world, questions in sets:
         env = lambda q: se.SearchEnv(world, q, max_turns=cfg["MAX_TURNS"], top_k=cfg["TOP_K"])
         for c in range(0, len(questions), cfg["QUESTIONS_PER_STEP"]):
+            chunk = questions[c:c + cfg["QUESTIONS_PER_STEP"]]
             torch.manual_seed(seed * 1_000_003 + n_episodes)
-            r = M.rollout(lm, tokenizer, env, questions[c:c + cfg["QUESTIONS_PER_STEP"]], cfg["GROUP_SIZE"],
+            r = M.rollout(lm, tokenizer, env, chunk, cfg["GROUP_SIZE"],
                           cfg["MAX_TURNS"], cfg["MAX_NEW_TOKENS"], cfg["TEMPERATURE"])
             labels = episode_labels(r, world, cfg["TOP_K"])
             adv, gap, w, token_adv, rows = score_batch(lm, tokenizer, cfg, world, r)
@@ -183,10 +186,10 @@ def report(lm, tokenizer, cfg, sets, seed=0, progress=None):
             labels_all += labels
             n_episodes += len(adv)
             if progress:
-                progress(len(questions[c:c + cfg["QUESTIONS_PER_STEP"]]))
+                progress(len(chunk))
     adv = torch.cat(all_adv)
     token_adv = torch.cat([torch.nn.functional.pad(t, (0, width - t.shape[1])) for t in all_tok])
-    out = summarise(records, adv, token_adv, token_adv.shape)
+    out = summarise(records, adv, token_adv)
     out.update(episodes=n_episodes, scored_episodes=int((adv != 0).sum()),
                shares=label_shares(labels_all))
     return out

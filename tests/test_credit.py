@@ -144,7 +144,7 @@ def test_report_card_on_a_scripted_batch(world):
     w = torch.exp(torch.sign(adv)[:, None] * gap).clamp(0.8, 1.2)
     token_adv = adv[:, None] * w * r.gen_mask
     card = credit.summarise(credit.action_records(r, labs, adv, gap, w, tok, rows=[0, 1]),
-                            adv, token_adv, token_adv.shape)
+                            adv, token_adv)
     assert card["parts"]["all"]["auc"] == 1.0
     assert card["parts"]["all"]["actions"] == 10 and card["parts"]["all"]["good"] == 8
     # Only the bad episode's good first search (its tag and its query) carries misassigned mass.
