@@ -312,7 +312,7 @@ def plot_curves(run_dirs, path):
               ("label_answer_premature", "premature answers (share of answers)"),
               ("kl", "KL to warm-up"), ("modulated_frac", "modulated token fraction")]
     fig, axes = plt.subplots(1, len(panels), figsize=(22, 3.8))
-    for run in run_dirs:
+    for run_index, run in enumerate(run_dirs):      # one colour per run in every panel
         rows = read_metrics(run)
         for ax, (key, title) in zip(axes, panels):
             pts = [(m["step"], m[key]) for m in rows if m.get(key) is not None]
@@ -320,7 +320,7 @@ def plot_curves(run_dirs, path):
                 k = 10
                 pts = [(pts[i][0], sum(p[1] for p in pts[i - k + 1:i + 1]) / k) for i in range(k - 1, len(pts))]
             if pts:
-                ax.plot(*zip(*pts), label=os.path.basename(os.path.normpath(run)),
+                ax.plot(*zip(*pts), color=f"C{run_index % 10}", label=os.path.basename(os.path.normpath(run)),
                         marker="o" if key.startswith("eval") else None, ms=3)
             ax.set_title(title)
             ax.set_xlabel("RL step")
