@@ -66,21 +66,24 @@ def label_shares(labels):
 def action_records(rollouts, labels, adv, gap, weight, tokenizer, rows):
     """One record per (action, part) of the episodes in ``rows``.
 
-    adv [N]; gap, weight [N, T] (g and w per token). The decision tag is the opening tag's
-    tokens (one for the embedded tokenizer); the content is the rest of the span. A tag is
-    good when its decision was right, content when its label is in ``GOOD_LABELS``.
+    adv [N]; gap, weight [N, T] (g and w per token). The decision tag is the span's tokens up to
+    the one that completes the opening tag, found in the decoded span as model.rollout finds
+    spans (one token for the embedded tokenizer, several for a pretrained one); the content is
+    the rest of the span. A tag is good when its decision was right, content when its label is
+    in ``GOOD_LABELS``.
     """
-    tag_len = {k: len(tokenizer.encode(t, add_special_tokens=False))
-               for k, t in (("search", se.SEARCH), ("answer", se.ANSWER))}
+    open_tags = {"search": se.SEARCH, "answer": se.ANSWER}
     records = []
     for i in rows:
         if labels[i] is None:
             continue
         for start, end, kind, turn in rollouts.spans[i]:
-            if kind not in tag_len:
+            if kind not in open_tags:
                 continue
             lab = labels[i][turn]
-            cut = min(start + tag_len[kind], end)
+            span = rollouts.input_ids[i, start:end].tolist()
+            tag_end = tokenizer.decode(span).index(open_tags[kind]) + len(open_tags[kind])
+            cut = start + M.token_at(tokenizer, span, tag_end - 1) + 1
             for part, (a, b), good, name in (
                     ("tag", (start, cut), lab.decision_ok, "right" if lab.decision_ok else "wrong"),
                     ("content", (cut, end), lab.label in se.GOOD_LABELS, lab.label)):

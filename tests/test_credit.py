@@ -184,3 +184,29 @@ def test_paired_differences():
     assert p["macro"] == pytest.approx(evaluate.t_interval([0.1, 0.0, 0.2]))
     with pytest.raises(SystemExit, match="no such run group"):
         evaluate.paired_differences(rows, baseline="ppo")
+
+
+@pytest.mark.parametrize("tokenizer", ["embedded", "pretrained"])
+def test_decision_tag_covers_exactly_the_opening_tag(world, tokenizer, request):
+    """The tag part ends at the token that completes `<search>`/`<answer>`, whether the tag is
+    one token (embedded) or several (the pretrained-style stand-in)."""
+    tok = (M.build_tokenizer(M.tokenizer_texts(seeds=(0,))) if tokenizer == "embedded"
+           else M.load_model(request.getfixturevalue("standin_dir"), local_files_only=True)[1])
+    q = first(world, "train", 2)
+    ep = se.expert_episode(q, world)
+    tr = M.encode_episode(tok, M.render_prompt(tok, q), ep.turns, ep.observations)
+    r = M.Rollouts(**M.collate([tr, tr], tok.pad_token_id), rewards=torch.tensor([1.0, 0.0]),
+                   answers=[ep.answer] * 2, turns=torch.tensor([3, 3]), questions=[q, q],
+                   turn_texts=[ep.turns] * 2)
+    gap = torch.zeros(r.input_ids.shape)
+    records = credit.action_records(r, credit.episode_labels(r, world, 3), torch.tensor([1.0, -1.0]),
+                                    gap, torch.ones_like(gap), tok, rows=[0])
+    text = lambda x: tok.decode(r.input_ids[0, x["start"]:x["end"]].tolist())
+    tags = [x for x in records if x["part"] == "tag"]
+    assert [x["kind"] for x in tags] == ["search", "search", "answer"]
+    for x in tags:
+        opening = se.SEARCH if x["kind"] == "search" else se.ANSWER
+        assert text(x).endswith(opening)                                  # the whole tag, no more
+        assert opening not in tok.decode(r.input_ids[0, x["start"]:x["end"] - 1].tolist())
+    if tokenizer == "pretrained":
+        assert max(x["end"] - x["start"] for x in tags) > 1               # several tokens there
