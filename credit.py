@@ -54,7 +54,7 @@ def label_shares(labels):
             counts["decision_wrong"] += a.decision_ok is False
     turns = counts["search"] + counts["answer"] + counts["invalid"]
     out = {}
-    for kind, names in (("search", ("hit", "repeat", "miss")), ("answer", ("correct", "premature", "wrong"))):
+    for kind, names in (("search", ("hit", "partial", "repeat", "miss")), ("answer", ("correct", "premature", "wrong"))):
         for name in names:
             out[f"label_{kind}_{name}"] = counts[f"{kind}_{name}"] / counts[kind] if counts[kind] else None
     out["label_decision_wrong"] = counts["decision_wrong"] / max(turns - counts["invalid"], 1)
@@ -72,18 +72,15 @@ def action_records(rollouts, labels, adv, gap, weight, tokenizer, rows):
     the rest of the span. A tag is good when its decision was right, content when its label is
     in ``GOOD_LABELS``.
     """
-    open_tags = {"search": se.SEARCH, "answer": se.ANSWER}
     records = []
     for i in rows:
         if labels[i] is None:
             continue
         for start, end, kind, turn in rollouts.spans[i]:
-            if kind not in open_tags:
+            if kind not in M.KIND_IDS:
                 continue
             lab = labels[i][turn]
-            span = rollouts.input_ids[i, start:end].tolist()
-            tag_end = tokenizer.decode(span).index(open_tags[kind]) + len(open_tags[kind])
-            cut = start + M.token_at(tokenizer, span, tag_end - 1) + 1
+            cut = start + M.tag_length(tokenizer, rollouts.input_ids[i, start:end].tolist(), kind)
             for part, (a, b), good, name in (
                     ("tag", (start, cut), lab.decision_ok, "right" if lab.decision_ok else "wrong"),
                     ("content", (cut, end), lab.label in se.GOOD_LABELS, lab.label)):
@@ -153,24 +150,37 @@ def score_batch(lm, tokenizer, cfg, world, rollouts):
     adv = grpo.group_advantages(rollouts.rewards, cfg["GROUP_SIZE"])              # [N]
     lp_s = M.token_logprobs(lm, rollouts.input_ids, rollouts.attention_mask, rollouts.gen_mask,
                             temperature=cfg["TEMPERATURE"])                        # [N, T]
-    rows = adv.nonzero().squeeze(1).tolist()
-    lp_t = evisd.teacher_scores(lm, rollouts, world, tokenizer, lp_s, rows, cfg["USE_SEARCH_EVIDENCE"],
-                                cfg["USE_ANSWER_PRIVILEGE"], cfg["TEMPERATURE"])
-    token_adv, _ = evisd.evisd_advantages(adv, lp_s, lp_t, rollouts.gen_mask, rollouts.action_kind,
-                                          cfg["EVISD_EPS"], cfg["EVISD_TAU"], cfg["USE_SEARCH_EVIDENCE"],
-                                          cfg["USE_ANSWER_PRIVILEGE"], cfg["BOUNDED"])
+    token_adv, _, lp_t = evisd.step_advantages(lm, tokenizer, cfg, world, rollouts, adv, lp_s)
     w = token_adv / torch.where(adv == 0, 1.0, adv)[:, None]   # Â / A: EviSD's factor per token
-    return adv, lp_t - lp_s, w, token_adv, rows
+    return adv, lp_t - lp_s, w, token_adv, adv.nonzero().squeeze(1).tolist()
 
 
-def report(lm, tokenizer, cfg, sets, seed=0, progress=None):
+# EviSD's open choices (train.py constants) as overrides of a run's config, scored on the same
+# sampled batches by ``report(..., variants=...)``: the gap's AUC changes only with what the
+# teacher reads and where; eps, the clip and the span change only how much of it reaches Â.
+VARIANTS = {
+    "as configured": {},
+    "decision tag keeps A": {"EVISD_SPAN": "content"},
+    "answer block after <answer>": {"ANSWER_AT": "content"},
+    "evidence before every search": {"EVIDENCE_AT": "every"},
+    "eps 0.5": {"EVISD_EPS": 0.5},
+    "evidence only": {"USE_ANSWER_PRIVILEGE": False},
+    "answer only": {"USE_SEARCH_EVIDENCE": False},
+    "unbounded": {"BOUNDED": False},
+}
+
+
+def report(lm, tokenizer, cfg, sets, seed=0, progress=None, variants=None):
     """The report card on held-out questions. ``sets``: [(world, questions)]; each world's
     questions are played in chunks of QUESTIONS_PER_STEP, GROUP_SIZE samples at TEMPERATURE,
     exactly like training batches. Returns a JSON-ready dict (see ``summarise``) with the
-    label counts of the sampled actions."""
+    label counts of the sampled actions; with ``variants`` ({name: config overrides}), one such
+    dict per variant, all scored on the same sampled batches."""
     lm.eval()
-    records, labels_all, n_episodes = [], [], 0
-    all_adv, all_tok, width = [], [], 0
+    configs = {name: dict(cfg, **overrides) for name, overrides in (variants or {"": {}}).items()}
+    records = {name: [] for name in configs}
+    token_advs = {name: [] for name in configs}
+    labels_all, all_adv, n_episodes, width = [], [], 0, 0
     for world, questions in sets:
         env = lambda q: se.SearchEnv(world, q, max_turns=cfg["MAX_TURNS"], top_k=cfg["TOP_K"])
         for c in range(0, len(questions), cfg["QUESTIONS_PER_STEP"]):
@@ -179,23 +189,43 @@ def report(lm, tokenizer, cfg, sets, seed=0, progress=None):
             r = M.rollout(lm, tokenizer, env, chunk, cfg["GROUP_SIZE"],
                           cfg["MAX_TURNS"], cfg["MAX_NEW_TOKENS"], cfg["TEMPERATURE"])
             labels = episode_labels(r, world, cfg["TOP_K"])
-            adv, gap, w, token_adv, rows = score_batch(lm, tokenizer, cfg, world, r)
-            for rec in action_records(r, labels, adv, gap, w, tokenizer, rows):
-                rec["episode"] += n_episodes    # index into the concatenated batch below
-                records.append(rec)
+            for name, vcfg in configs.items():
+                adv, gap, w, token_adv, rows = score_batch(lm, tokenizer, vcfg, world, r)
+                for rec in action_records(r, labels, adv, gap, w, tokenizer, rows):
+                    rec["episode"] += n_episodes    # index into the concatenated batch below
+                    records[name].append(rec)
+                token_advs[name].append(token_adv)
             all_adv.append(adv)
-            all_tok.append(token_adv)
             width = max(width, token_adv.shape[1])
             labels_all += labels
             n_episodes += len(adv)
             if progress:
                 progress(len(chunk))
     adv = torch.cat(all_adv)
-    token_adv = torch.cat([torch.nn.functional.pad(t, (0, width - t.shape[1])) for t in all_tok])
-    out = summarise(records, adv, token_adv)
-    out.update(episodes=n_episodes, scored_episodes=int((adv != 0).sum()),
-               shares=label_shares(labels_all))
-    return out
+    cards = {}
+    for name in configs:
+        token_adv = torch.cat([torch.nn.functional.pad(t, (0, width - t.shape[1])) for t in token_advs[name]])
+        cards[name] = summarise(records[name], adv, token_adv)
+        cards[name].update(episodes=n_episodes, scored_episodes=int((adv != 0).sum()),
+                           shares=label_shares(labels_all))
+    return cards if variants else cards[""]
+
+
+def variants_table(cards):
+    """One row per variant: the AUC of the gap and the misassigned share of Σ|Â| (EviSD's; GRPO's
+    in the first row), for all action tokens and the four (kind, part) cells."""
+    cells = ("all", "search_tag", "search_content", "answer_tag", "answer_content")
+    fmt = lambda v: "–" if v is None else f"{v:.3f}"
+    first = next(iter(cards.values()))["parts"]
+    lines = ["| variant | " + " | ".join(f"AUC {c}" for c in cells) + " | misassigned all | search content | answer tag |",
+             "|---|" + "---|" * (len(cells) + 3),
+             "| GRPO (Â = A) | " + " | ".join("–" for _ in cells) + " | "
+             + " | ".join(fmt(first[c]["misassigned_grpo"]) for c in ("all", "search_content", "answer_tag")) + " |"]
+    for name, card in cards.items():
+        p = card["parts"]
+        lines.append(f"| {name} | " + " | ".join(fmt(p[c]["auc"]) for c in cells) + " | "
+                     + " | ".join(fmt(p[c]["misassigned_evisd"]) for c in ("all", "search_content", "answer_tag")) + " |")
+    return "\n".join(lines)
 
 
 def format_report(card):

@@ -35,14 +35,18 @@ HOPS = (1, 2, 3)             # 1 and 2 hops in `test`, 3 in `ood`
 MACRO_HOPS = (1, 2)          # the headline: ood (3 hops) stays near 0 for every run
 EVAL_WORLDS = 9              # ~1,070 test and 1,080 ood questions; one world's 119 give EM ± 0.09
 CREDIT_QUESTIONS = 64        # held-out questions sampled GROUP_SIZE times for --credit
+VALIDATION_WORLDS = 1000     # seeds EVAL_SEED - 1000 .. EVAL_SEED - 1: validation, never trained on
 
 
 # ----------------------------------------------------------------------------- held-out questions
-def heldout_questions(cfg, split, n, world_index=0):
-    """n questions of a split of held-out world ``EVAL_SEED + world_index``: a fixed sample."""
-    world = se.make_world(cfg["EVAL_SEED"] + world_index, scale=cfg["WORLD_SCALE"])
+def heldout_questions(cfg, split, n, world_index=0, validation=False):
+    """n questions of a split of held-out world ``EVAL_SEED + world_index``, a fixed sample; or,
+    with ``validation``, of validation world ``EVAL_SEED - 1 - world_index``, where settings may
+    be chosen without looking at the held-out worlds."""
+    seed = cfg["EVAL_SEED"] - 1 - world_index if validation else cfg["EVAL_SEED"] + world_index
+    world = se.make_world(seed, scale=cfg["WORLD_SCALE"])
     qs = world.split(split)
-    qs = random.Random(cfg["EVAL_SEED"] + world_index).sample(qs, min(n, len(qs)))
+    qs = random.Random(seed).sample(qs, min(n, len(qs)))
     return world, qs
 
 
@@ -292,11 +296,11 @@ def paired_table(paired):
     return "\n".join(lines)
 
 
-def credit_sets(cfg, n_questions):
-    """Held-out `test` questions for the report card: a fixed sample, world by world."""
+def credit_sets(cfg, n_questions, validation=False):
+    """Held-out (or validation) `test` questions for the report card: a fixed sample, world by world."""
     sets, k = [], 0
     while n_questions > 0:
-        world, qs = heldout_questions(cfg, "test", n_questions, world_index=k)
+        world, qs = heldout_questions(cfg, "test", n_questions, world_index=k, validation=validation)
         sets.append((world, qs))
         n_questions -= len(qs)
         k += 1
@@ -393,6 +397,10 @@ def main(argv):
     ap.add_argument("--baseline", default=None, help="run group to pair against (default: the GRPO runs)")
     ap.add_argument("--credit", type=int, nargs="?", const=CREDIT_QUESTIONS, default=0, metavar="Q",
                     help=f"the teacher's report card on Q held-out questions (default {CREDIT_QUESTIONS})")
+    ap.add_argument("--variants", action="store_true",
+                    help="with --credit: score every EviSD design choice of credit.VARIANTS on the same samples")
+    ap.add_argument("--validation", action="store_true",
+                    help="with --credit: validation worlds instead of held-out ones (for choosing settings)")
     ap.add_argument("--json", default=None, help="also write the results as JSON here")
     ap.add_argument("--plot", nargs="?", const="curves.png", default=None, help="learning curves PNG")
     ap.add_argument("--show", type=int, default=0, metavar="K", help="print K example groups")
@@ -400,6 +408,8 @@ def main(argv):
     for run in args.runs:
         if not os.path.isdir(run):
             raise SystemExit(f"{run}: no such run directory")
+    if (args.variants or args.validation) and not args.credit:
+        raise SystemExit("--variants and --validation go with --credit")
     if args.worlds < 1 or args.credit < 0:
         raise SystemExit(f"--worlds must be >= 1 and --credit >= 0, got {args.worlds} and {args.credit}")
     if args.show:
@@ -409,9 +419,14 @@ def main(argv):
         cards = {}
         for run in args.runs:
             lm, tok, cfg, _ = load_run(run)
+            sets = credit_sets(cfg, args.credit, args.validation)
             with tqdm(total=args.credit, desc=f"credit {run}", dynamic_ncols=True) as bar:
-                cards[run] = credit.report(lm, tok, cfg, credit_sets(cfg, args.credit), progress=bar.update)
-            print(f"\n## {run}\n\n{credit.format_report(cards[run])}")
+                cards[run] = credit.report(lm, tok, cfg, sets, progress=bar.update,
+                                           variants=credit.VARIANTS if args.variants else None)
+            if args.variants:
+                print(f"\n## {run}\n\n{credit.variants_table(cards[run])}")
+            else:
+                print(f"\n## {run}\n\n{credit.format_report(cards[run])}")
         out = args.json or os.path.join(args.runs[0], "credit.json")
         with open(out, "w") as f:
             json.dump(cards, f, indent=1)

@@ -14,10 +14,19 @@ form, arXiv 2604.03128):
 
 Thinking tokens keep A; retrieved information and the prompt are never trained on. Nothing
 changes at inference time: the teacher exists only inside a training step.
+
+The paper leaves three placements open; ``Privilege`` names them (train.py's EVIDENCE_AT,
+ANSWER_AT, EVISD_SPAN) and the README measures each: the evidence block once before the first
+search or before every search; the answer block before the opening <answer> tag (it informs
+the decision to answer) or after it (only the answer's content); and whether the opening tag
+itself, the decision to search or to answer, is corrected or keeps the plain A.
 """
+from dataclasses import dataclass
+
 import torch
 
 import search_env as se
+import model as M
 from model import KIND_IDS, Transcript, token_logprobs
 
 
@@ -34,24 +43,44 @@ def privileged_ids(tokenizer, question, world):
             tokenizer.encode(answer_block(question.answers), add_special_tokens=False))
 
 
-def insert_privileged(tr, evidence_ids, answer_ids, use_search=True, use_answer=True):
-    """The teacher's transcript: ``tr`` with the evidence block inserted just before its first
-    search action and the answer block just before its answer action.
+@dataclass(frozen=True)
+class Privilege:
+    """What the teacher reads, where, and which action tokens its gap may correct."""
+    evidence: bool = True        # gold evidence before search actions (USE_SEARCH_EVIDENCE)
+    answer: bool = True          # golden answer before the answer action (USE_ANSWER_PRIVILEGE)
+    evidence_at: str = "first"   # "first": one block before the first search | "every": before each
+    answer_at: str = "tag"       # "tag": before the opening <answer> | "content": right after it
+    span: str = "action"         # "action": tag and content corrected | "content": the tag keeps A
+
+    @classmethod
+    def from_config(cls, cfg):
+        return cls(cfg["USE_SEARCH_EVIDENCE"], cfg["USE_ANSWER_PRIVILEGE"], cfg["EVIDENCE_AT"],
+                   cfg["ANSWER_AT"], cfg["EVISD_SPAN"])
+
+
+def insert_privileged(tr, evidence_ids, answer_ids, privilege=Privilege(), tokenizer=None):
+    """The teacher's transcript: ``tr`` with the privileged blocks inserted where ``privilege``
+    says (``tokenizer`` finds the end of the opening <answer> tag for ANSWER_AT="content").
 
     One teacher sequence per episode is enough and cheapest: each block is inserted *before*
-    the first action it serves, so under causal attention no token before a block can see it
-    (an earlier action's scores never depend on a later action's block), and a later search
-    sees the same evidence a per-action copy would give it.
+    the first action token it serves, so under causal attention no token before a block can see
+    it (an earlier action's scores never depend on a later action's block), and with
+    evidence_at="first" a later search sees the same evidence a per-action copy would give it,
+    only further back.
     Returns (teacher Transcript, student_pos) where student_pos[j] is the student position of
     teacher token j, or -1 for an inserted token. Inserted tokens are marked as info.
     """
     inserts = {}
-    first_search = next((s for s, _, k, _ in tr.spans if k == "search"), None)
-    answer = next((s for s, _, k, _ in tr.spans if k == "answer"), None)
-    if use_search and first_search is not None and evidence_ids:
-        inserts[first_search] = evidence_ids
-    if use_answer and answer is not None and answer_ids:
-        inserts[answer] = inserts.get(answer, []) + answer_ids
+    searches = [s for s, _, k, _ in tr.spans if k == "search"]
+    answer = next(((s, e) for s, e, k, _ in tr.spans if k == "answer"), None)
+    if privilege.evidence and searches and evidence_ids:
+        for s in searches if privilege.evidence_at == "every" else searches[:1]:
+            inserts[s] = evidence_ids
+    if privilege.answer and answer is not None and answer_ids:
+        at = answer[0]
+        if privilege.answer_at == "content":
+            at += M.tag_length(tokenizer, tr.ids[answer[0]:answer[1]], "answer")
+        inserts[at] = inserts.get(at, []) + answer_ids
     out = Transcript(tr.ids[:tr.prompt_len])
     student_pos = list(range(tr.prompt_len))
     prev = tr.prompt_len
@@ -65,9 +94,9 @@ def insert_privileged(tr, evidence_ids, answer_ids, use_search=True, use_answer=
             out.add_observation(inserts[cut])
             student_pos += [-1] * len(inserts[cut])
         prev = cut
-    # No block sits inside a span, so a span moves by the blocks inserted at or before its start.
-    shift = lambda pos: sum(len(b) for p, b in inserts.items() if p <= pos)
-    out.spans = [(s + shift(s), e + shift(s), k, i) for s, e, k, i in tr.spans]
+    # A span's start moves by the blocks at or before it, its end also by a block inside it.
+    before = lambda pos, inclusive: sum(len(b) for p, b in inserts.items() if p < pos + inclusive)
+    out.spans = [(s + before(s, 1), e + before(e, 0), k, i) for s, e, k, i in tr.spans]
     return out, student_pos
 
 
@@ -83,7 +112,7 @@ def _row(rollouts, i):
     return tr
 
 
-def teacher_inputs(rollouts, world, tokenizer, use_search=True, use_answer=True, rows=None):
+def teacher_inputs(rollouts, world, tokenizer, privilege=Privilege(), rows=None):
     """The teacher batch: one privileged sequence per episode (or per episode in ``rows``),
     right-padded.
 
@@ -92,13 +121,13 @@ def teacher_inputs(rollouts, world, tokenizer, use_search=True, use_answer=True,
     (the student position of each teacher token, -1 where inserted or padding). Each sequence
     is cut after its last scored token: nothing after it can change a score.
     """
-    kinds = [KIND_IDS["search"]] * use_search + [KIND_IDS["answer"]] * use_answer
+    kinds = [KIND_IDS["search"]] * privilege.evidence + [KIND_IDS["answer"]] * privilege.answer
     seqs, blocks = [], {}    # a group's episodes share one question: encode its blocks once
     for i in range(len(rollouts.questions)) if rows is None else rows:
         q = rollouts.questions[i]
         if q.qid not in blocks:
             blocks[q.qid] = privileged_ids(tokenizer, q, world)
-        tr, pos = insert_privileged(_row(rollouts, i), *blocks[q.qid], use_search, use_answer)
+        tr, pos = insert_privileged(_row(rollouts, i), *blocks[q.qid], privilege, tokenizer)
         score = [int(k in kinds) for k in tr.kind]
         last = max([j for j, s in enumerate(score) if s], default=0) + 1
         seqs.append((tr.ids[:last], score[:last], pos[:last]))
@@ -130,8 +159,8 @@ def teacher_logprobs(model, batch, logp_student, temperature=1.0):
     return out
 
 
-def teacher_scores(model, rollouts, world, tokenizer, logp_student, rows, use_search=True,
-                   use_answer=True, temperature=1.0):
+def teacher_scores(model, rollouts, world, tokenizer, logp_student, rows, privilege=Privilege(),
+                   temperature=1.0):
     """Teacher log-probs [N, T] for the episodes in ``rows`` (train.py passes those with A != 0,
     since A = 0 gives Â = 0 whatever the teacher says); all other positions keep the student's
     log-prob, a zero gap. Identical episodes of one question, frequent once a group agrees on
@@ -145,7 +174,7 @@ def teacher_scores(model, rollouts, world, tokenizer, logp_student, rows, use_se
         return out
     groups = list(copies.values())
     first = [g[0] for g in groups]
-    batch = teacher_inputs(rollouts, world, tokenizer, use_search, use_answer, rows=first)
+    batch = teacher_inputs(rollouts, world, tokenizer, privilege, rows=first)
     scored = teacher_logprobs(model, batch, logp_student[first], temperature)   # [U, T]
     for g, row in zip(groups, scored):
         out[g] = row
@@ -155,14 +184,15 @@ def teacher_scores(model, rollouts, world, tokenizer, logp_student, rows, use_se
 # ----------------------------------------------------------------------------- the correction
 @torch.no_grad()
 def evisd_advantages(adv, logp_student, logp_teacher, gen_mask, action_kind, eps=0.2, tau=0.0,
-                     use_search=True, use_answer=True, bounded=True):
+                     use_search=True, use_answer=True, bounded=True, keep_mask=None):
     """Per-token advantages Â [N, T] from sequence advantages and the teacher-student gap.
 
     adv [N]; logp_student, logp_teacher, gen_mask, action_kind [N, T].
     On the selected action spans (action_kind 1 = search, 2 = answer):
         g = lp_teacher - lp_student;  w = clip(exp(sign(A) g), 1-eps, 1+eps);  Â = A w
-    where |g| < tau counts as no signal (w = 1) and bounded=False drops the clip. Every other
-    generated token gets the plain A; tokens off gen_mask get 0. The output has no gradient.
+    where |g| < tau counts as no signal (w = 1) and bounded=False drops the clip. Tokens in
+    ``keep_mask`` [N, T] (the decision tags, for EVISD_SPAN="content") and every other generated
+    token get the plain A; tokens off gen_mask get 0. The output has no gradient.
     Returns (token_adv, stats): stats has the fraction of generated tokens modulated (w != 1)
     and, per kind, the mean and max |g|, the mean w, and the mean g for A > 0 and A < 0.
     """
@@ -173,6 +203,8 @@ def evisd_advantages(adv, logp_student, logp_teacher, gen_mask, action_kind, eps
     if use_answer:
         selected |= action_kind == KIND_IDS["answer"]
     selected &= gen
+    if keep_mask is not None:
+        selected &= ~keep_mask.bool()
     A = adv.detach().float()[:, None].expand_as(logp_student)          # [N, T]
     gap = (logp_teacher - logp_student).detach().float()               # [N, T]
     w = torch.exp(torch.sign(A) * gap)
@@ -192,3 +224,30 @@ def evisd_advantages(adv, logp_student, logp_teacher, gen_mask, action_kind, eps
             gs = gap[span & sel]
             stats[f"{name}_gap_{sign}"] = gs.mean().item() if gs.numel() else None
     return token_adv, stats
+
+
+def decision_tags(rollouts, tokenizer):
+    """[N, T] bool: the tokens of each action span that complete its opening tag, the decision
+    to search or to answer (model.tag_length, as the rollout finds spans)."""
+    mask = torch.zeros_like(rollouts.gen_mask, dtype=torch.bool)
+    for i, spans in enumerate(rollouts.spans):
+        for start, end, kind, _ in spans:
+            if kind in KIND_IDS:
+                ids = rollouts.input_ids[i, start:end].tolist()
+                mask[i, start:start + M.tag_length(tokenizer, ids, kind)] = True
+    return mask
+
+
+def step_advantages(model, tokenizer, cfg, world, rollouts, adv, logp_student):
+    """What one EviSD training step computes from train.py's constants ``cfg``: the teacher's
+    log-probs on the episodes with A != 0 (A = 0 gives Â = 0 whatever the teacher says), then
+    Â. Returns (token_adv [N, T], stats, logp_teacher [N, T])."""
+    privilege = Privilege.from_config(cfg)
+    rows = adv.nonzero().squeeze(1).tolist()
+    lp_teacher = teacher_scores(model, rollouts, world, tokenizer, logp_student, rows, privilege,
+                                cfg["TEMPERATURE"])
+    keep = decision_tags(rollouts, tokenizer).to(adv.device) if privilege.span == "content" else None
+    token_adv, stats = evisd_advantages(
+        adv, logp_student, lp_teacher, rollouts.gen_mask.to(adv.device), rollouts.action_kind.to(adv.device),
+        cfg["EVISD_EPS"], cfg["EVISD_TAU"], privilege.evidence, privilege.answer, cfg["BOUNDED"], keep)
+    return token_adv, stats, lp_teacher

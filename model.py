@@ -191,6 +191,15 @@ def action_start(tokenizer, turn_ids, text, kind):
     return token_at(tokenizer, turn_ids, text.rindex(se.SEARCH if kind == "search" else se.ANSWER))
 
 
+def tag_length(tokenizer, span_ids, kind):
+    """How many leading tokens of an action span complete its opening tag, the decision to
+    search or to answer: one for the embedded tokenizer, often several for a pretrained one,
+    counted in the decoded span as the rollout finds spans (a token may also hold text after
+    the tag)."""
+    tag = se.SEARCH if kind == "search" else se.ANSWER
+    return token_at(tokenizer, span_ids, tokenizer.decode(span_ids).index(tag) + len(tag) - 1) + 1
+
+
 def encode_episode(tokenizer, prompt, turns, observations):
     """A Transcript of a finished episode given as text (expert demonstrations, tests)."""
     tr = Transcript(tokenizer.encode(prompt, add_special_tokens=False))

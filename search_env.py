@@ -91,6 +91,7 @@ class World:
 
     def __post_init__(self):
         self.doc_by_id = {d.id: d for d in self.docs}
+        self.doc_by_title = {d.title: d for d in self.docs}
         self.bm25 = BM25([d.title + " " + d.text for d in self.docs])
 
     def split(self, name):
@@ -348,7 +349,7 @@ def make_world(seed=0, n_people=SIZES["n_people"], n_cities=SIZES["n_cities"],
     rng = random.Random(seed)
     taken, owner = set(), {}
     # A small pool of first names, so many people share one and a search must use both words.
-    first_names = [_word(rng) for _ in range(max(8, n_people // 4))]
+    first_names = [_word(rng) for _ in range(max(8, n_people // 8))]
     people = _unique_names(rng, n_people, lambda: (rng.choice(first_names), _word(rng)),
                            taken, near_duplicate_frac, "person", owner)
     cities = _unique_names(rng, n_cities, lambda: (_word(rng),), taken, near_duplicate_frac, "city", owner)
@@ -457,15 +458,35 @@ class Episode:
     answer: str = None
 
 
-def expert_episode(question, world, noise=0.0, rng=None, max_turns=4, top_k=3, stop_early=0.0):
+def _is_person(world, title):
+    return world.doc_by_title[title].text.startswith("was born in")   # every person's first fact
+
+
+def _follow(world, title, fact, subject, value):
+    """Read in ``title``'s document the relation that ``fact`` states about ``subject`` (whose
+    value is ``value``): ('kalo tor', 'kalo mira was born in lunel', 'kalo mira', 'lunel') ->
+    ('kalo tor was born in dunfel', 'dunfel'). None if that document does not state it."""
+    predicate = fact[len(subject) + 1:len(fact) - len(value)]       # 'was born in '
+    for sentence in world.doc_by_title[title].text.rstrip(".").split(". "):
+        if sentence.startswith(predicate):
+            return f"{title} {sentence}", sentence[len(predicate):]
+    return None
+
+
+def expert_episode(question, world, noise=0.0, rng=None, max_turns=4, top_k=3, stop_early=0.0,
+                   partial_name=0.0):
     """A demonstration written through the real env: search each hop's entity, answer.
 
     With probability ``noise`` the episode makes one mistake: a vague first query (then a
     correct retry), a skipped hop (answers with the bridge entity), or an early answer
-    (a guess before any search). ``stop_early`` is a habit rather than a slip: the chance that
-    a multi-hop demonstration answers one hop early. Above 0.5 a model that imitates it
-    stops early under greedy decoding too, a flaw only the reward can correct.
-    With ``noise=0`` and ``stop_early=0`` every synthetic question scores 1.0.
+    (a guess before any search). Two more knobs are habits rather than slips, flaws a model
+    that imitates them keeps under greedy decoding too and only the reward can correct:
+    ``stop_early``, the chance that a multi-hop demonstration answers one hop early (a wrong
+    *decision*); ``partial_name``, the chance that it searches the first person of its chain
+    by first name only and trusts the first document that states the fact it needs (a wrong
+    *query*: first names are shared by design, so that is usually someone else, whose facts
+    it follows to a wrong answer).
+    With ``noise=0``, ``stop_early=0`` and ``partial_name=0`` every synthetic question scores 1.0.
     """
     if not question.hop_queries:
         raise ValueError(f"question {question.qid} has no expert chain (synthetic worlds only)")
@@ -479,6 +500,9 @@ def expert_episode(question, world, noise=0.0, rng=None, max_turns=4, top_k=3, s
         observations.append(result.observation)
         return result
 
+    def search(thought, query):
+        act(f"{THINK} {thought}. {THINK_END}{SEARCH} {query} {SEARCH_END}")
+
     if stop_early and len(question.hop_queries) > 1 and rng.random() < stop_early:
         mistake = "skip"
     else:
@@ -487,22 +511,33 @@ def expert_episode(question, world, noise=0.0, rng=None, max_turns=4, top_k=3, s
         guess = rng.choice(world.docs).title
         act(f"{THINK} i think i know it. {THINK_END}{ANSWER} {guess} {ANSWER_END}")
         return Episode(question, turns, observations, env.reward, env.answer)
+    hops, chain = len(question.hop_queries), question.hop_queries + question.answers[:1]
+    if mistake == "skip" and hops > 1:
+        hops -= 1
+    partial_hop = None
+    if partial_name and rng.random() < partial_name:
+        partial_hop = next((i for i in range(hops) if _is_person(world, chain[i])), None)
     if mistake == "vague":
-        act(f"{THINK} search the question. {THINK_END}{SEARCH} {question.hop_queries[0].split()[0]} {SEARCH_END}")
-    hops = question.hop_queries
-    if mistake == "skip" and len(hops) > 1:
-        hops = hops[:-1]
-    for i, query in enumerate(hops):
-        thought = "i need " + query if i == 0 else question.hop_facts[i - 1]
+        search("search the question", chain[0].split()[0])
+    entity, fact = chain[0], None    # what the agent believes the current hop's subject is
+    for i in range(hops):
         if env.done:
             break
-        act(f"{THINK} {thought}. {THINK_END}{SEARCH} {query} {SEARCH_END}")
-    if not env.done:
-        if len(hops) < len(question.hop_queries):  # skipped the last hop: answer the bridge
-            fact, answer = question.hop_facts[len(hops) - 1], question.hop_queries[len(hops)]
+        thought = "i need " + entity if i == 0 else fact
+        read = entity
+        if i == partial_hop:
+            first_name = entity.split()[0]
+            search(thought, first_name)
+            read = next((d.title for d in world.search(first_name, top_k)
+                         if _follow(world, d.title, question.hop_facts[i], chain[i], chain[i + 1])), None)
+            if read is None:        # nobody it found states the fact: search the full name after all
+                read = entity
+                search("search the full name", entity)
         else:
-            fact, answer = question.hop_facts[-1], question.answers[0]
-        act(f"{THINK} {fact}. {THINK_END}{ANSWER} {answer} {ANSWER_END}")
+            search(thought, entity)
+        fact, entity = _follow(world, read, question.hop_facts[i], chain[i], chain[i + 1])
+    if not env.done:       # entity is the answer, or the bridge when a hop was skipped
+        act(f"{THINK} {fact}. {THINK_END}{ANSWER} {entity} {ANSWER_END}")
     return Episode(question, turns, observations, env.reward, env.answer)
 
 
@@ -510,7 +545,7 @@ def expert_episode(question, world, noise=0.0, rng=None, max_turns=4, top_k=3, s
 @dataclass
 class ActionLabel:
     kind: str            # "search" | "answer" | "invalid"
-    label: str           # search: hit | repeat | miss; answer: correct | premature | wrong; invalid
+    label: str           # search: hit | partial | repeat | miss; answer: correct | premature | wrong; invalid
     decision_ok: bool    # was the opening tag's choice right? None for invalid turns
     docs: list = field(default_factory=list)   # search: ids of the documents it retrieves
 
@@ -520,8 +555,10 @@ GOOD_LABELS = ("hit", "correct")    # every other label of an action's content i
 def label_actions(question, world, turns, top_k=3):
     """One ``ActionLabel`` per generated turn of an episode, from what its searches retrieve.
 
-    search: ``hit`` if it retrieves an evidence document not seen before in the episode,
-    ``repeat`` if it retrieves only evidence already seen, ``miss`` if no evidence at all.
+    search: ``partial`` if it names an entity of the chain still to be found by only part of
+    its name (first names are shared, so such a query is a gamble whatever it retrieves), else
+    ``hit`` if it retrieves an evidence document not seen before in the episode, ``repeat`` if
+    it retrieves only evidence already seen, ``miss`` if no evidence at all.
     answer: ``correct`` (EM 1), ``premature`` (it names an intermediate entity of the chain,
     such as the bridge of a 2-hop question), ``wrong`` (anything else).
     The decision the opening tag makes: answering is right once every evidence document has
@@ -540,7 +577,10 @@ def label_actions(question, world, turns, top_k=3):
         if action.kind == "search":
             docs = [d.id for d in world.search(action.content, top_k)]
             found = evidence.intersection(docs)
-            label = "hit" if found - seen else ("repeat" if found else "miss")
+            words = tokenize(action.content)
+            names = [tokenize(world.doc_by_id[d].title) for d in evidence - seen]
+            partial = any(words and len(words) < len(n) and set(words) <= set(n) for n in names)
+            label = "partial" if partial else "hit" if found - seen else "repeat" if found else "miss"
             labels.append(ActionLabel("search", label, not all_seen, docs))
             seen |= found
         elif action.kind == "answer":

@@ -36,7 +36,7 @@ import evisd
 import grpo
 import model as M
 import search_env as se
-from evaluate import checkpoints, heldout_em, load_checkpoint, read_metrics
+from evaluate import VALIDATION_WORLDS, checkpoints, heldout_em, load_checkpoint, read_metrics
 from model import autocast
 
 # ----------------------------------------------------------------------------- config
@@ -55,6 +55,7 @@ SFT_BATCH = 16
 SFT_LR = -1.0                # -1 = auto: 3e-3 embedded, 1e-5 HF model (see AUTO)
 SFT_NOISE = 0.4              # chance that an expert demonstration makes one mistake
 SFT_STOP_EARLY = 0.5         # chance that a two-hop demonstration answers after one hop: a habit
+SFT_PARTIAL_NAME = 0.5       # chance that a demonstration searches a person by first name only: a habit
                              # greedy imitation inherits and only the reward can correct
 SFT_PRIVILEGED_FRAC = -1.0   # clean experts shown in the teacher's context; -1 = auto (0.3 tiny, 0 HF)
 SFT_DIR = "out/sft"          # warm-up checkpoints, one per (seed, model, world, SFT settings)
@@ -74,6 +75,9 @@ EVISD_EPS = 0.2              # w in [1 - eps, 1 + eps]
 EVISD_TAU = 0.0              # |gap| below this is treated as no signal
 USE_SEARCH_EVIDENCE = True   # gold evidence before search actions
 USE_ANSWER_PRIVILEGE = True  # golden answer before the answer action
+EVIDENCE_AT = "first"        # "first": evidence once, before the first search | "every": before each
+ANSWER_AT = "tag"            # "tag": answer block before the opening <answer> | "content": after it
+EVISD_SPAN = "action"        # "action": tag and content corrected | "content": the decision tag keeps A
 BOUNDED = True               # False: drop the clip (ablation)
 # evaluation and I/O
 EVAL_EVERY = 20
@@ -87,7 +91,8 @@ DTYPE = "auto"               # "auto" (bf16 on CUDA if supported) | "float32" | 
 GRADIENT_CHECKPOINTING = False  # recompute activations in backward: memory for real models
 MAX_BAD_STEPS = 5            # consecutive non-finite losses before stopping
 
-CHOICES = {"METHOD": ("evisd", "grpo"), "DTYPE": ("auto", "float32", "bfloat16", "float16")}
+CHOICES = {"METHOD": ("evisd", "grpo"), "EVIDENCE_AT": ("first", "every"), "ANSWER_AT": ("tag", "content"),
+           "EVISD_SPAN": ("action", "content"), "DTYPE": ("auto", "float32", "bfloat16", "float16")}
 # Settings whose -1 means auto: (embedded model, HF model). A pretrained model must never get
 # the embedded model's rates, which are tuned for 1M random weights and would wreck it.
 AUTO = {"SFT_LR": (3e-3, 1e-5), "LR": (2e-4, 1e-6), "SFT_PRIVILEGED_FRAC": (0.3, 0.0)}
@@ -95,7 +100,7 @@ CONFIG_KEYS = [k for k, v in list(globals().items())
                if k.isupper() and isinstance(v, (int, float, bool, str)) and k != "CHOICES"]
 # The warm-up's weights depend on these (and on the resolved SFT_PRIVILEGED_FRAC): its cache key.
 WARMUP_KEYS = ("MODEL", "SEED", "WORLD_SCALE", "TOP_K", "MAX_TURNS", "SFT_STEPS", "SFT_BATCH",
-               "SFT_LR", "SFT_NOISE", "SFT_STOP_EARLY")
+               "SFT_LR", "SFT_NOISE", "SFT_STOP_EARLY", "SFT_PARTIAL_NAME")
 # A checkpoint resumed under other values of these would be another experiment spliced onto this
 # one, so --resume refuses; any other setting (RL_STEPS, EVAL_EVERY, DEVICE, ...) may change.
 RUN_KEYS = WARMUP_KEYS + ("SFT_PRIVILEGED_FRAC", "METHOD", "FRESH_WORLDS")
@@ -172,10 +177,11 @@ def parse_overrides(argv, defaults):
     for name in ("SFT_STEPS", "RL_STEPS", "EVAL_EVERY", "CKPT_EVERY"):
         if config[name] < 0:
             raise SystemExit(f"{name} must be >= 0, got {config[name]}")
-    if config["SEED"] < 0 or config["SEED"] * 100_000 + config["RL_STEPS"] >= config["EVAL_SEED"]:
+    first_reserved = config["EVAL_SEED"] - VALIDATION_WORLDS
+    if config["SEED"] < 0 or config["SEED"] * 100_000 + config["RL_STEPS"] >= first_reserved:
         raise SystemExit(f"SEED={config['SEED']}: training worlds (seeds SEED * 100,000 + step) must "
-                         f"stay below the held-out worlds (EVAL_SEED={config['EVAL_SEED']} and up); "
-                         f"use a SEED from 0 to {(config['EVAL_SEED'] - config['RL_STEPS'] - 1) // 100_000}")
+                         f"stay below the validation and held-out worlds (seeds {first_reserved} and up); "
+                         f"use a SEED from 0 to {(first_reserved - config['RL_STEPS'] - 1) // 100_000}")
     if config["GROUP_SIZE"] < 2:
         raise SystemExit(f"GROUP_SIZE must be >= 2 (GRPO compares samples), got {config['GROUP_SIZE']}")
     if flags == {"resume", "overwrite"}:
@@ -304,7 +310,9 @@ class SyncedPolicy(torch.nn.Module):
 # ----------------------------------------------------------------------------- supervised warm-up
 def sft_batch(cfg, tokenizer, step, privileged_frac):
     """Expert episodes from one fresh world: noisy ones as they are, and a fraction of clean
-    ones under EviSD's privileged context, so the model learns to read that context."""
+    ones under EviSD's privileged context, so the model learns to read that context. Its blocks
+    go to every placement the ablations use (EVIDENCE_AT, ANSWER_AT), so one warm-up per seed
+    serves them all."""
     rng = random.Random(cfg["SEED"] * 7919 + step)
     world = se.make_world(2_000_000 + cfg["SEED"] * 100_000 + step, scale=cfg["WORLD_SCALE"])
     questions = world.split("train")
@@ -314,10 +322,13 @@ def sft_batch(cfg, tokenizer, step, privileged_frac):
         privileged = rng.random() < privileged_frac
         ep = se.expert_episode(q, world, noise=0.0 if privileged else cfg["SFT_NOISE"], rng=rng,
                                max_turns=cfg["MAX_TURNS"], top_k=cfg["TOP_K"],
-                               stop_early=0.0 if privileged else cfg["SFT_STOP_EARLY"])
+                               stop_early=0.0 if privileged else cfg["SFT_STOP_EARLY"],
+                               partial_name=0.0 if privileged else cfg["SFT_PARTIAL_NAME"])
         tr = M.encode_episode(tokenizer, M.render_prompt(tokenizer, q), ep.turns, ep.observations)
         if privileged:
-            tr, _ = evisd.insert_privileged(tr, *evisd.privileged_ids(tokenizer, q, world))
+            placement = evisd.Privilege(evidence_at=rng.choice(("first", "every")),
+                                        answer_at=rng.choice(("tag", "content")))
+            tr, _ = evisd.insert_privileged(tr, *evisd.privileged_ids(tokenizer, q, world), placement, tokenizer)
         transcripts.append(tr)
     return M.collate(transcripts, tokenizer.pad_token_id)
 
@@ -405,12 +416,7 @@ def update(cfg, r, world, policy, lm, ref, tokenizer, opt, device, dtype):
             if cfg["METHOD"] == "evisd":
                 t1 = time.perf_counter()
                 with autocast(device, dtype):
-                    lp_teacher = evisd.teacher_scores(
-                        lm, r, world, tokenizer, old_logp, adv.nonzero().squeeze(1).tolist(),
-                        cfg["USE_SEARCH_EVIDENCE"], cfg["USE_ANSWER_PRIVILEGE"], cfg["TEMPERATURE"])
-                token_adv, ev_stats = evisd.evisd_advantages(
-                    adv, old_logp, lp_teacher, b["gen_mask"], b["action_kind"], cfg["EVISD_EPS"],
-                    cfg["EVISD_TAU"], cfg["USE_SEARCH_EVIDENCE"], cfg["USE_ANSWER_PRIVILEGE"], cfg["BOUNDED"])
+                    token_adv, ev_stats, _ = evisd.step_advantages(lm, tokenizer, cfg, world, r, adv, old_logp)
                 metrics.update(ev_stats)
                 t_teacher = time.perf_counter() - t1
             else:

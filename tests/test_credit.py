@@ -210,3 +210,12 @@ def test_decision_tag_covers_exactly_the_opening_tag(world, tokenizer, request):
         assert opening not in tok.decode(r.input_ids[0, x["start"]:x["end"] - 1].tolist())
     if tokenizer == "pretrained":
         assert max(x["end"] - x["start"] for x in tags) > 1               # several tokens there
+
+
+def test_partial_name_query_is_labelled_partial_whatever_it_retrieves(world):
+    q = next(q for q in world.split("train") if q.hops == 1 and se._is_person(world, q.hop_queries[0]))
+    first_name, full = q.hop_queries[0].split()[0], q.hop_queries[0]
+    assert labels(world, q, [search(first_name)])[0] == ("search", "partial", True)
+    assert labels(world, q, [search(full)])[0] == ("search", "hit", True)
+    # Once the person's document is in, the first name names nothing still to be found.
+    assert labels(world, q, [search(full), search(first_name)])[1][1] in ("repeat", "miss")

@@ -76,6 +76,17 @@ def test_kind_switches_tau_and_unbounded():
     assert out[1, 4].item() == pytest.approx(-torch.exp(torch.tensor(-2.0)).item(), rel=1e-5)
 
 
+def test_keep_mask_leaves_the_decision_tags_at_plain_a():
+    kind, gen, _, lp_s, lp_t = _batch()
+    adv = torch.tensor([1.0, -1.0])
+    tags = torch.zeros_like(gen, dtype=torch.bool)
+    tags[:, [4, 11]] = True                                        # the opening <search>, <answer>
+    out, _ = evisd.evisd_advantages(adv, lp_s, lp_t, gen, kind, keep_mask=tags)
+    full, _ = evisd.evisd_advantages(adv, lp_s, lp_t, gen, kind)
+    assert torch.equal(out[tags], adv[:, None].expand(2, 14)[tags])
+    assert torch.equal(out[~tags], full[~tags])                    # the content is corrected as before
+
+
 def test_no_gradient_flows():
     kind, gen, _, lp_s, lp_t = _batch()
     lp_s.requires_grad_(True)
@@ -139,10 +150,56 @@ def test_teacher_context_placement(setup):
 def test_teacher_answer_block_never_before_search(setup):
     tok, world, q, tr = setup
     ev, ans = evisd.privileged_ids(tok, q, world)
-    teacher, _ = evisd.insert_privileged(tr, ev, ans, use_search=False)
+    teacher, _ = evisd.insert_privileged(tr, ev, ans, evisd.Privilege(evidence=False))
     last_search_end = max(e for _, e, k, _ in teacher.spans if k == "search")
     assert teacher.ids[:last_search_end] == tr.ids[:last_search_end]   # no block before searches
     assert len(teacher.ids) == len(tr.ids) + len(ans)
+
+
+def _three_search_episode(tok, world):
+    """Searches for both hops and one repeat, then the answer: three search spans."""
+    q = [q for q in world.split("train") if q.hops == 2][0]
+    env = se.SearchEnv(world, q, max_turns=4)
+    turns = [f"<think> x. </think><search> {e} </search>" for e in q.hop_queries + q.hop_queries[:1]]
+    turns.append(f"<think> y. </think><answer> {q.answers[0]} </answer>")
+    observations = [env.step(t).observation for t in turns]
+    return q, M.encode_episode(tok, M.render_prompt(tok, q), turns, observations)
+
+
+def test_evidence_before_every_search_and_answer_block_after_the_tag(setup):
+    tok, world, _, _ = setup
+    q, tr = _three_search_episode(tok, world)
+    ev, ans = evisd.privileged_ids(tok, q, world)
+    every = evisd.Privilege(evidence_at="every", answer_at="content")
+    teacher, pos = evisd.insert_privileged(tr, ev, ans, every, tok)
+    assert sum(p < 0 for p in pos) == 3 * len(ev) + len(ans)
+    for s, e, k, _ in teacher.spans:
+        if k == "search":                                          # a block right before each search
+            assert teacher.ids[s - len(ev):s] == ev
+    (s, e), (s0, e0) = [(s, e) for t in (teacher, tr) for s, e, k, _ in t.spans if k == "answer"]
+    cut = M.tag_length(tok, tr.ids[s0:e0], "answer")
+    assert se.ANSWER in tok.decode(teacher.ids[s:s + cut])                    # the decision comes first,
+    assert teacher.ids[s + cut:s + cut + len(ans)] == ans                      # then the golden answer
+    kept = [teacher.ids[j] for j in range(s, e) if pos[j] >= 0]
+    assert kept == tr.ids[s0:e0] and e - s == e0 - s0 + len(ans)   # the span holds its block
+    # Aligned: every student token is scored where it sits in the teacher's sequence.
+    assert all(teacher.ids[j] == tr.ids[p] and teacher.kind[j] == tr.kind[p] for j, p in enumerate(pos) if p >= 0)
+    once, _ = evisd.insert_privileged(tr, ev, ans, evisd.Privilege(), tok)
+    assert len(once.ids) == len(tr.ids) + len(ev) + len(ans)
+
+
+def test_decision_tags_mark_the_opening_tag_tokens(setup):
+    tok, world, q, tr = setup
+    b = M.collate([tr], tok.pad_token_id)
+    r = M.Rollouts(**b, rewards=torch.tensor([1.0]), answers=[None], turns=torch.tensor([3]), questions=[q])
+    tags = evisd.decision_tags(r, tok)[0]
+    for s, e, k, _ in tr.spans:
+        if k in M.KIND_IDS:
+            n = int(tags[s:e].sum())
+            assert n >= 1 and tags[s:s + n].all()                  # a prefix of the span
+            opening = se.SEARCH if k == "search" else se.ANSWER
+            assert opening in tok.decode(tr.ids[s:s + n]) and opening not in tok.decode(tr.ids[s:s + n - 1])
+    assert int(tags.sum()) == sum(M.tag_length(tok, tr.ids[s:e], k) for s, e, k, _ in tr.spans if k in M.KIND_IDS)
 
 
 def test_teacher_logprobs_align_with_a_manual_forward(setup):

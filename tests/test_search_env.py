@@ -267,3 +267,29 @@ def test_load_jsonl_errors_name_file_and_line(tmp_path):
     qs.write_text('{"question": \n')
     with pytest.raises(ValueError, match=r"q\.jsonl:1: not valid JSON"):
         se.load_jsonl(corpus, qs)
+
+
+def test_partial_name_habit_searches_a_first_name_and_follows_whoever_it_finds(world):
+    rng = random.Random(0)
+    person_questions = [q for q in world.split("train") if se._is_person(world, q.hop_queries[0])]
+    habit = [(q, se.expert_episode(q, world, partial_name=1.0, rng=rng)) for q in person_questions[:150]]
+    for q, ep in habit:
+        first_query = se.parse_action(ep.turns[0]).content
+        assert first_query == q.hop_queries[0].split()[0]            # the first name only
+        assert se.label_actions(q, world, ep.turns)[0].label == "partial"
+        if ep.reward == 0.0:     # it followed someone else: the facts it quotes are theirs
+            assert q.hop_queries[0] not in ep.turns[1]
+    wrong = sum(ep.reward == 0.0 for _, ep in habit) / len(habit)
+    assert 0.4 < wrong < 0.9, wrong       # first names are shared: usually the wrong person
+    assert all(se.expert_episode(q, world, partial_name=0.0).reward == 1.0 for q in person_questions[:150])
+
+
+def test_follow_reads_the_same_relation_from_another_document(world):
+    q = next(q for q in world.split("train") if q.hops == 2 and se._is_person(world, q.hop_queries[0]))
+    subject, value = q.hop_queries[0], q.hop_queries[1]
+    assert se._follow(world, subject, q.hop_facts[0], subject, value) == (q.hop_facts[0], value)
+    other = next(d.title for d in world.docs if se._is_person(world, d.title) and d.title != subject)
+    fact, city = se._follow(world, other, q.hop_facts[0], subject, value)
+    assert fact == f"{other} was born in {city}" and f"was born in {city}." in world.doc_by_title[other].text
+    film = next(d.title for d in world.docs if d.text.startswith("is a film"))
+    assert se._follow(world, film, q.hop_facts[0], subject, value) is None   # films are not born

@@ -149,19 +149,25 @@ def test_grpo_method_logs_no_modulation(tmp_path):
     assert "modulated_frac" not in r and r["teacher_s"] == 0.0 and r["ratio"] == pytest.approx(1.0)
 
 
-def test_warmup_demonstrator_stops_early_only_when_asked():
+def test_warmup_demonstrator_has_its_habits_only_when_asked():
     cfg = {k: getattr(train, k) for k in train.CONFIG_KEYS}
     cfg.update(SFT_NOISE=0.0, SFT_BATCH=32, WORLD_SCALE=0.3)
     tok = train.M.build_tokenizer(train.M.tokenizer_texts(seeds=(0,)))
 
-    def searches_per_episode(stop_early, privileged_frac):
-        cfg["SFT_STOP_EARLY"] = stop_early
-        spans = train.sft_batch(cfg, tok, step=0, privileged_frac=privileged_frac)["spans"]
-        return [sum(kind == "search" for _, _, kind, _ in s) for s in spans]
+    def queries(stop_early, partial_name, privileged_frac):
+        cfg.update(SFT_STOP_EARLY=stop_early, SFT_PARTIAL_NAME=partial_name)
+        b = train.sft_batch(cfg, tok, step=0, privileged_frac=privileged_frac)
+        return [[tok.decode(b["input_ids"][i, s:e]).split("<search>")[1].split("</search>")[0].split()
+                 for s, e, kind, _ in spans if kind == "search"] for i, spans in enumerate(b["spans"])]
 
-    assert max(searches_per_episode(0.0, 0.0)) == 2          # two-hop demos search twice
-    assert max(searches_per_episode(1.0, 0.0)) == 1          # ... unless they stop early
-    assert max(searches_per_episode(1.0, 1.0)) == 2          # the privileged demos never do
+    searches = lambda *args: [len(q) for q in queries(*args)]
+    one_word = lambda *args: sum(len(w) == 1 for q in queries(*args) for w in q)
+    assert max(searches(0.0, 0.0, 0.0)) == 2          # two-hop demos search twice
+    assert max(searches(1.0, 0.0, 0.0)) == 1          # ... unless they stop early
+    assert max(searches(1.0, 0.0, 1.0)) == 2          # the privileged demos never do
+    # Only cities have one-word names: the habit adds one-word queries, a person's first name.
+    assert one_word(0.0, 1.0, 0.0) > one_word(0.0, 0.0, 0.0) + 5
+    assert one_word(0.0, 1.0, 1.0) == one_word(0.0, 0.0, 1.0)   # the privileged demos: full names
 
 
 def test_paired_table_and_credit_report_on_tiny_runs(tmp_path, capsys):
