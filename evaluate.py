@@ -152,9 +152,11 @@ def load_checkpoint(out_dir):
     return None
 
 
-def load_run(run_dir):
+def load_run(run_dir, with_path=False):
     """(model, tokenizer, config, warm-up checkpoint path) of a run's newest readable checkpoint,
-    or of a checkpoint directory itself (a ``ckpt-*`` or a warm-up ``sft-*``)."""
+    or of a checkpoint directory itself (a ``ckpt-*`` or a warm-up ``sft-*``); ``with_path``
+    appends the path of the checkpoint read."""
+    path = run_dir
     if os.path.exists(os.path.join(run_dir, "state.pt")):
         lm, tok = M.load_model(run_dir, local_files_only=True)
         state = torch.load(os.path.join(run_dir, "state.pt"), weights_only=False)
@@ -162,8 +164,23 @@ def load_run(run_dir):
         found = load_checkpoint(run_dir)
         if found is None:
             raise SystemExit(f"{run_dir}: no readable checkpoint (ckpt-*) found; has it trained?")
-        _, lm, tok, state = found
-    return lm.eval(), tok, state["config"], state.get("sft_path")
+        path, lm, tok, state = found
+    out = lm.eval(), tok, state["config"], state.get("sft_path")
+    return out + (path,) if with_path else out
+
+
+def cached_em(checkpoint, lm, tok, cfg, worlds):
+    """``heldout_by_hops``, kept in the checkpoint's ``heldout-em.json`` per (worlds, EVAL_SEED):
+    a checkpoint never changes, so a long protocol evaluates each model once (delete the file
+    after changing the evaluation code)."""
+    path, key = os.path.join(checkpoint, "heldout-em.json"), f"{worlds} worlds from {cfg['EVAL_SEED']}"
+    cache = json.load(open(path)) if os.path.exists(path) else {}
+    if key not in cache:
+        cache[key] = heldout_by_hops(lm, tok, cfg, worlds)
+        with open(path + ".tmp", "w") as f:
+            json.dump(cache, f, indent=1)
+        os.replace(path + ".tmp", path)
+    return cache[key]
 
 
 def read_metrics(run_dir):
@@ -197,11 +214,11 @@ def run_summary(run_dir, worlds, warmup_em=None):
     """One row per run. ``warmup_em`` maps warm-up paths to their macro EM: the GRPO and EviSD
     runs of one seed share a warm-up, so pass one dict for all runs to evaluate it once."""
     warmup_em = {} if warmup_em is None else warmup_em
-    lm, tok, cfg, sft_path = load_run(run_dir)
-    em = heldout_by_hops(lm, tok, cfg, worlds)
+    lm, tok, cfg, sft_path, checkpoint = load_run(run_dir, with_path=True)
+    em = cached_em(checkpoint, lm, tok, cfg, worlds)
     if sft_path and os.path.isdir(sft_path) and sft_path not in warmup_em:
         warmup = M.load_model(sft_path, local_files_only=True)[0].eval()
-        warmup_em[sft_path] = heldout_by_hops(warmup, tok, cfg, worlds).get("macro")
+        warmup_em[sft_path] = cached_em(sft_path, warmup, tok, cfg, worlds).get("macro")
     steps = [m for m in read_metrics(run_dir) if not m.get("eval")]
     last = steps[-max(1, len(steps) // 5):] if steps else []   # the last fifth of training
 

@@ -48,8 +48,8 @@ class Privilege:
     """What the teacher reads, where, and which action tokens its gap may correct."""
     evidence: bool = True        # gold evidence before search actions (USE_SEARCH_EVIDENCE)
     answer: bool = True          # golden answer before the answer action (USE_ANSWER_PRIVILEGE)
-    evidence_at: str = "first"   # "first": one block before the first search | "every": before each
-    answer_at: str = "tag"       # "tag": before the opening <answer> | "content": right after it
+    evidence_at: str = "every"   # "every": a block before each search | "first": one, before the first
+    answer_at: str = "content"   # "content": right after the opening <answer> | "tag": before it
     span: str = "action"         # "action": tag and content corrected | "content": the tag keeps A
 
     @classmethod

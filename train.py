@@ -75,8 +75,8 @@ EVISD_EPS = 0.2              # w in [1 - eps, 1 + eps]
 EVISD_TAU = 0.0              # |gap| below this is treated as no signal
 USE_SEARCH_EVIDENCE = True   # gold evidence before search actions
 USE_ANSWER_PRIVILEGE = True  # golden answer before the answer action
-EVIDENCE_AT = "first"        # "first": evidence once, before the first search | "every": before each
-ANSWER_AT = "tag"            # "tag": answer block before the opening <answer> | "content": after it
+EVIDENCE_AT = "every"        # "every": evidence before each search | "first": once, before the first
+ANSWER_AT = "content"        # "content": answer block after the opening <answer> | "tag": before it
 EVISD_SPAN = "action"        # "action": tag and content corrected | "content": the decision tag keeps A
 BOUNDED = True               # False: drop the clip (ablation)
 # evaluation and I/O

@@ -7,6 +7,8 @@ import model as M
 import search_env as se
 
 S, A_ = M.KIND_IDS["search"], M.KIND_IDS["answer"]
+# One block before the first search, one before the opening <answer>: the simplest placement.
+FIRST_AND_BEFORE = evisd.Privilege(evidence_at="first", answer_at="tag")
 
 
 def _batch(seed=0):
@@ -126,7 +128,7 @@ def test_teacher_context_placement(setup):
     tok, world, q, tr = setup
     ev, ans = evisd.privileged_ids(tok, q, world)
     assert tok.decode(ev) == se.format_information(world.evidence_docs(q))
-    teacher, pos = evisd.insert_privileged(tr, ev, ans)
+    teacher, pos = evisd.insert_privileged(tr, ev, ans, FIRST_AND_BEFORE)
     s1 = next(s for s, _, k, _ in tr.spans if k == "search")
     sa = next(s for s, _, k, _ in tr.spans if k == "answer")
     # Nothing changes before the first search action: earlier tokens cannot see any block.
@@ -150,7 +152,7 @@ def test_teacher_context_placement(setup):
 def test_teacher_answer_block_never_before_search(setup):
     tok, world, q, tr = setup
     ev, ans = evisd.privileged_ids(tok, q, world)
-    teacher, _ = evisd.insert_privileged(tr, ev, ans, evisd.Privilege(evidence=False))
+    teacher, _ = evisd.insert_privileged(tr, ev, ans, evisd.Privilege(evidence=False), tok)
     last_search_end = max(e for _, e, k, _ in teacher.spans if k == "search")
     assert teacher.ids[:last_search_end] == tr.ids[:last_search_end]   # no block before searches
     assert len(teacher.ids) == len(tr.ids) + len(ans)
@@ -184,7 +186,7 @@ def test_evidence_before_every_search_and_answer_block_after_the_tag(setup):
     assert kept == tr.ids[s0:e0] and e - s == e0 - s0 + len(ans)   # the span holds its block
     # Aligned: every student token is scored where it sits in the teacher's sequence.
     assert all(teacher.ids[j] == tr.ids[p] and teacher.kind[j] == tr.kind[p] for j, p in enumerate(pos) if p >= 0)
-    once, _ = evisd.insert_privileged(tr, ev, ans, evisd.Privilege(), tok)
+    once, _ = evisd.insert_privileged(tr, ev, ans, FIRST_AND_BEFORE, tok)
     assert len(once.ids) == len(tr.ids) + len(ev) + len(ans)
 
 
@@ -208,11 +210,11 @@ def test_teacher_logprobs_align_with_a_manual_forward(setup):
     b = M.collate([tr, tr], tok.pad_token_id)
     r = M.Rollouts(**b, rewards=torch.tensor([1.0, 0.0]), answers=[None, None],
                    turns=torch.tensor([3, 3]), questions=[q, q])
-    batch = evisd.teacher_inputs(r, world, tok)
+    batch = evisd.teacher_inputs(r, world, tok, FIRST_AND_BEFORE)
     lp_s = torch.full(r.input_ids.shape, -7.0)
     lp_t = evisd.teacher_logprobs(lm, batch, lp_s)
     ev, ans = evisd.privileged_ids(tok, q, world)
-    teacher, pos = evisd.insert_privileged(tr, ev, ans)
+    teacher, pos = evisd.insert_privileged(tr, ev, ans, FIRST_AND_BEFORE)
     full = M.token_logprobs(lm, torch.tensor([teacher.ids]), torch.ones(1, len(teacher.ids), dtype=torch.long))[0]
     scored = (r.action_kind[0] > 0)
     assert scored.sum() > 0 and (lp_t[0][~scored] == -7.0).all()   # unscored: the student's value
@@ -220,7 +222,7 @@ def test_teacher_logprobs_align_with_a_manual_forward(setup):
         if p >= 0 and scored[p]:
             assert lp_t[0, p].item() == pytest.approx(full[j].item(), abs=1e-5)
     assert torch.allclose(lp_t[0], lp_t[1])
-    sub = evisd.teacher_inputs(r, world, tok, rows=[1])               # only some episodes
+    sub = evisd.teacher_inputs(r, world, tok, FIRST_AND_BEFORE, rows=[1])               # only some episodes
     assert torch.allclose(evisd.teacher_logprobs(lm, sub, lp_s[1:]), lp_t[1:], atol=1e-6)
     # The teacher batch is cut after the last scored token.
     assert batch["input_ids"].shape[1] == max(j for j, p in enumerate(pos) if p >= 0 and scored[p]) + 1

@@ -7,6 +7,7 @@ import os
 import pytest
 import torch
 
+import credit
 import evaluate
 import train
 from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -170,7 +171,7 @@ def test_warmup_demonstrator_has_its_habits_only_when_asked():
     assert one_word(0.0, 1.0, 1.0) == one_word(0.0, 0.0, 1.0)   # the privileged demos: full names
 
 
-def test_paired_table_and_credit_report_on_tiny_runs(tmp_path, capsys):
+def test_paired_table_and_credit_report_on_tiny_runs(tmp_path, capsys, monkeypatch):
     evisd_run = run(tmp_path, "evisd-s0", "--RL_STEPS=1", "--EVAL_EVERY=0", "--PPO_EPOCHS=1")
     grpo_run = run(tmp_path, "grpo-s0", "--RL_STEPS=1", "--EVAL_EVERY=0", "--PPO_EPOCHS=1", "--METHOD=grpo")
     js = str(tmp_path / "rows.json")
@@ -191,6 +192,23 @@ def test_paired_table_and_credit_report_on_tiny_runs(tmp_path, capsys):
         assert card["episodes"] == 4 * 2 and set(card["parts"]) >= {"all", "search_tag", "answer_content"}
         assert 0.0 <= card["shares"]["label_invalid"] <= 1.0
     assert "AUC of gap" in capsys.readouterr().out
+    # Every design choice on the same samples, on validation worlds: same actions, same labels,
+    # same GRPO credit; the variants differ only in what reaches Â.
+    evaluate.main([sft, "--credit", "4", "--variants", "--validation", "--json", card_path])
+    cards = json.load(open(card_path))[sft]
+    assert set(cards) == set(credit.VARIANTS)
+    base = cards["as configured"]
+    for name, card in cards.items():
+        assert card["shares"] == base["shares"] and card["episodes"] == base["episodes"]
+        assert card["parts"]["all"]["misassigned_grpo"] == base["parts"]["all"]["misassigned_grpo"]
+    kept = cards["decision tag keeps A"]["parts"]
+    for kind in ("search", "answer"):   # the tags keep A: EviSD's misassigned mass there is GRPO's
+        assert kept[f"{kind}_tag"]["misassigned_evisd"] == pytest.approx(kept[f"{kind}_tag"]["misassigned_grpo"])
+    assert "| decision tag keeps A |" in capsys.readouterr().out
+    # Held-out EM is cached in the checkpoint: a second evaluation recomputes nothing.
+    monkeypatch.setattr(evaluate, "heldout_by_hops", lambda *a, **k: pytest.fail("recomputed a cached EM"))
+    evaluate.main([evisd_run, grpo_run, "--worlds", "1", "--json", js])
+    assert json.load(open(js))["paired"] == got["paired"]
 
 
 def test_pretrained_standin_runs_rl_without_warmup_and_evaluates(tmp_path, standin_dir):
