@@ -24,6 +24,7 @@ import torch
 
 import model as M
 import search_env as se
+import toy_world as tw
 import train
 
 
@@ -42,7 +43,7 @@ def expert_rollouts(cfg, tok, world, questions, seed=0):
     import random
     rng = random.Random(seed)
     episodes = [q for q in questions for _ in range(cfg["GROUP_SIZE"])]
-    eps = [se.expert_episode(q, world, noise=0.5, rng=rng, max_turns=cfg["MAX_TURNS"],
+    eps = [tw.expert_episode(q, world, noise=0.5, rng=rng, max_turns=cfg["MAX_TURNS"],
                               top_k=cfg["TOP_K"]) for q in episodes]
     trs = [M.encode_episode(tok, M.render_prompt(tok, q), e.turns, e.observations) for q, e in zip(episodes, eps)]
     return M.Rollouts(**M.collate(trs, tok.pad_token_id), rewards=torch.tensor([e.reward for e in eps]),
@@ -52,7 +53,7 @@ def expert_rollouts(cfg, tok, world, questions, seed=0):
 
 def bench_config(name, lm, tok, cfg, device, dtype, repeats, trained):
     lm.to(device)
-    world = se.make_world(123, scale=cfg["WORLD_SCALE"])
+    world = tw.make_world(123, scale=cfg["WORLD_SCALE"])
     questions = world.split("train")[:cfg["QUESTIONS_PER_STEP"]]
     env = lambda q: se.SearchEnv(world, q, max_turns=cfg["MAX_TURNS"], top_k=cfg["TOP_K"])
 

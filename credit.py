@@ -26,6 +26,7 @@ import evisd
 import grpo
 import model as M
 import search_env as se
+import toy_world as tw
 
 PARTS = ("tag", "content")
 
@@ -39,7 +40,7 @@ def episode_labels(rollouts, world, top_k):
     """The oracle labels of every episode of a Rollouts batch: a list (None where unknown)."""
     if rollouts.turn_texts is None:        # a batch built from transcripts, not played
         return [None] * len(rollouts.questions)
-    return [se.label_actions(q, world, turns, top_k) for q, turns in zip(rollouts.questions, rollouts.turn_texts)]
+    return [tw.label_actions(q, world, turns, top_k) for q, turns in zip(rollouts.questions, rollouts.turn_texts)]
 
 
 def label_shares(labels):
@@ -83,7 +84,7 @@ def action_records(rollouts, labels, adv, gap, weight, tokenizer, rows):
             cut = start + M.tag_length(tokenizer, rollouts.input_ids[i, start:end].tolist(), kind)
             for part, (a, b), good, name in (
                     ("tag", (start, cut), lab.decision_ok, "right" if lab.decision_ok else "wrong"),
-                    ("content", (cut, end), lab.label in se.GOOD_LABELS, lab.label)):
+                    ("content", (cut, end), lab.label in tw.GOOD_LABELS, lab.label)):
                 if b <= a:
                     continue
                 records.append(dict(kind=kind, part=part, label=name, good=bool(good),

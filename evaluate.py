@@ -29,6 +29,7 @@ from tqdm import tqdm
 import credit
 import model as M
 import search_env as se
+import toy_world as tw
 
 SPLITS = ("test", "ood")
 HOPS = (1, 2, 3)             # 1 and 2 hops in `test`, 3 in `ood`
@@ -44,7 +45,7 @@ def heldout_questions(cfg, split, n, world_index=0, validation=False):
     with ``validation``, of validation world ``EVAL_SEED - 1 - world_index``, where settings may
     be chosen without looking at the held-out worlds."""
     seed = cfg["EVAL_SEED"] - 1 - world_index if validation else cfg["EVAL_SEED"] + world_index
-    world = se.make_world(seed, scale=cfg["WORLD_SCALE"])
+    world = tw.make_world(seed, scale=cfg["WORLD_SCALE"])
     qs = world.split(split)
     qs = random.Random(seed).sample(qs, min(n, len(qs)))
     return world, qs
@@ -77,7 +78,7 @@ def heldout_by_hops(lm, tokenizer, cfg, worlds=EVAL_WORLDS, device=None, dtype=t
     normal-approximation interval)."""
     correct, total = {h: 0 for h in HOPS}, {h: 0 for h in HOPS}
     for k in range(worlds):
-        world = se.make_world(cfg["EVAL_SEED"] + k, scale=cfg["WORLD_SCALE"])
+        world = tw.make_world(cfg["EVAL_SEED"] + k, scale=cfg["WORLD_SCALE"])
         qs = [q for split in SPLITS for q in world.split(split)]
         for q, r in zip(qs, greedy_rewards(lm, tokenizer, cfg, world, qs, device, dtype).tolist()):
             correct[q.hops] += r

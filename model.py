@@ -16,7 +16,6 @@
 import bisect
 import inspect
 import os
-import re
 from dataclasses import dataclass
 
 import torch
@@ -26,6 +25,7 @@ from transformers import (AutoModelForCausalLM, AutoTokenizer, DynamicCache, Gen
                           GenerationMixin, PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM)
 
 import search_env as se
+import toy_world as tw
 
 SPECIAL_TOKENS = ["<pad>", "<bos>", "<eos>", "<unk>"]
 KIND_IDS = {"search": 1, "answer": 2}  # values of action_kind; 0 = not inside an action span
@@ -42,12 +42,12 @@ SIZES = {"tiny": (128, 4, 4, 2, 384), "small": (256, 6, 8, 4, 768), "base": (512
 def tokenizer_texts(seeds=(0, 1, 2, 3)):
     """Training text for the tokenizer: documents, questions and expert transcripts of a few
     worlds, plus every syllable on its own so each is a learnable piece."""
-    texts = [se.INSTRUCTION, " ".join(se.SYLLABLES), se.INVALID_OBSERVATION]
+    texts = [se.INSTRUCTION, " ".join(tw.SYLLABLES), se.INVALID_OBSERVATION]
     for seed in seeds:
-        world = se.make_world(seed=seed)
+        world = tw.make_world(seed=seed)
         texts += [se.format_information(world.docs[i:i + 3]) for i in range(0, len(world.docs), 3)]
         for q in world.questions[::4]:
-            ep = se.expert_episode(q, world)
+            ep = tw.expert_episode(q, world)
             texts += [se.SearchEnv(world, q).prompt()] + ep.turns
     return texts
 

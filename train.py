@@ -36,6 +36,7 @@ import evisd
 import grpo
 import model as M
 import search_env as se
+import toy_world as tw
 from evaluate import VALIDATION_WORLDS, checkpoints, heldout_em, load_checkpoint, read_metrics
 from model import autocast
 
@@ -314,13 +315,13 @@ def sft_batch(cfg, tokenizer, step, privileged_frac):
     go to every placement the ablations use (EVIDENCE_AT, ANSWER_AT), so one warm-up per seed
     serves them all."""
     rng = random.Random(cfg["SEED"] * 7919 + step)
-    world = se.make_world(2_000_000 + cfg["SEED"] * 100_000 + step, scale=cfg["WORLD_SCALE"])
+    world = tw.make_world(2_000_000 + cfg["SEED"] * 100_000 + step, scale=cfg["WORLD_SCALE"])
     questions = world.split("train")
     transcripts = []
     for _ in range(cfg["SFT_BATCH"]):
         q = rng.choice(questions)
         privileged = rng.random() < privileged_frac
-        ep = se.expert_episode(q, world, noise=0.0 if privileged else cfg["SFT_NOISE"], rng=rng,
+        ep = tw.expert_episode(q, world, noise=0.0 if privileged else cfg["SFT_NOISE"], rng=rng,
                                max_turns=cfg["MAX_TURNS"], top_k=cfg["TOP_K"],
                                stop_early=0.0 if privileged else cfg["SFT_STOP_EARLY"],
                                partial_name=0.0 if privileged else cfg["SFT_PARTIAL_NAME"])
@@ -385,7 +386,7 @@ def supervised_warmup(cfg, lm, tokenizer, device, dtype, rank):
 def collect(cfg, step, lm, tokenizer, device, dtype, rank=0, world_size=1):
     """Sample this step's questions (this rank's shard) and roll out GROUP_SIZE episodes each."""
     seed_everything(cfg["SEED"] * 1_000_003 + step * 101 + rank)  # resume gives the same batch
-    world = se.make_world(cfg["SEED"] * 100_000 + (step if cfg["FRESH_WORLDS"] else 0), scale=cfg["WORLD_SCALE"])
+    world = tw.make_world(cfg["SEED"] * 100_000 + (step if cfg["FRESH_WORLDS"] else 0), scale=cfg["WORLD_SCALE"])
     questions = random.Random(cfg["SEED"] * 7 + step).sample(world.split("train"), cfg["QUESTIONS_PER_STEP"])
     questions = questions[rank::world_size]
     env_factory = lambda q: se.SearchEnv(world, q, max_turns=cfg["MAX_TURNS"], top_k=cfg["TOP_K"])

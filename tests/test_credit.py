@@ -10,13 +10,14 @@ import credit
 import evaluate
 import model as M
 import search_env as se
+import toy_world as tw
 
 S, S_, A, A_ = se.SEARCH, se.SEARCH_END, se.ANSWER, se.ANSWER_END
 
 
 @pytest.fixture(scope="module")
 def world():
-    return se.make_world(seed=0)
+    return tw.make_world(seed=0)
 
 
 def first(world, split, hops):
@@ -32,7 +33,7 @@ def answer(text):
 
 
 def labels(world, q, turns):
-    return [(a.kind, a.label, a.decision_ok) for a in se.label_actions(q, world, turns)]
+    return [(a.kind, a.label, a.decision_ok) for a in tw.label_actions(q, world, turns)]
 
 
 def test_labels_of_a_clean_two_hop_episode(world):
@@ -67,7 +68,7 @@ def test_repeat_miss_wrong_invalid_and_searching_too_long(world):
 def test_a_search_that_finds_only_other_documents_is_a_miss(world):
     q = first(world, "train", 2)
     other = next(d.title for d in world.docs if d.id not in q.evidence and d.title not in q.hop_queries)
-    (got,) = se.label_actions(q, world, [search(other)])
+    (got,) = tw.label_actions(q, world, [search(other)])
     assert got.label == "miss" and got.docs and not set(got.docs) & set(q.evidence)
 
 
@@ -84,13 +85,13 @@ def test_three_hop_chain(world):
 def test_no_oracle_for_real_data():
     data = os.path.join(os.path.dirname(__file__), "data")
     w = se.load_jsonl(os.path.join(data, "corpus.jsonl"), os.path.join(data, "questions.jsonl"))
-    assert se.label_actions(w.questions[0], w, [search("x")]) is None
+    assert tw.label_actions(w.questions[0], w, [search("x")]) is None
 
 
 def test_label_shares(world):
     q = first(world, "train", 2)
-    eps = [se.label_actions(q, world, [search(q.hop_queries[0]), answer(q.hop_queries[1])]),
-           se.label_actions(q, world, [search("zzz"), "junk", answer(q.answers[0])]), None]
+    eps = [tw.label_actions(q, world, [search(q.hop_queries[0]), answer(q.hop_queries[1])]),
+           tw.label_actions(q, world, [search("zzz"), "junk", answer(q.answers[0])]), None]
     got = credit.label_shares(eps)
     assert got["label_answer_premature"] == 0.5 and got["label_answer_correct"] == 0.5
     assert got["label_search_miss"] == 0.5 and got["label_search_hit"] == 0.5
@@ -123,8 +124,8 @@ def test_report_card_on_a_scripted_batch(world):
     separates them perfectly (AUC 1) and lowers the misassigned mass below GRPO's."""
     q = first(world, "train", 2)
     tok = M.build_tokenizer(M.tokenizer_texts(seeds=(0,)))
-    good = se.expert_episode(q, world)
-    bad = se.expert_episode(q, world, stop_early=1.0)
+    good = tw.expert_episode(q, world)
+    bad = tw.expert_episode(q, world, stop_early=1.0)
     trs = [M.encode_episode(tok, M.render_prompt(tok, q), e.turns, e.observations) for e in (good, bad)]
     r = M.Rollouts(**M.collate(trs, tok.pad_token_id), rewards=torch.tensor([1.0, 0.0]),
                    answers=[good.answer, bad.answer], turns=torch.tensor([3, 2]), questions=[q, q],
@@ -193,7 +194,7 @@ def test_decision_tag_covers_exactly_the_opening_tag(world, tokenizer, request):
     tok = (M.build_tokenizer(M.tokenizer_texts(seeds=(0,))) if tokenizer == "embedded"
            else M.load_model(request.getfixturevalue("standin_dir"), local_files_only=True)[1])
     q = first(world, "train", 2)
-    ep = se.expert_episode(q, world)
+    ep = tw.expert_episode(q, world)
     tr = M.encode_episode(tok, M.render_prompt(tok, q), ep.turns, ep.observations)
     r = M.Rollouts(**M.collate([tr, tr], tok.pad_token_id), rewards=torch.tensor([1.0, 0.0]),
                    answers=[ep.answer] * 2, turns=torch.tensor([3, 3]), questions=[q, q],
@@ -213,7 +214,7 @@ def test_decision_tag_covers_exactly_the_opening_tag(world, tokenizer, request):
 
 
 def test_partial_name_query_is_labelled_partial_whatever_it_retrieves(world):
-    q = next(q for q in world.split("train") if q.hops == 1 and se._is_person(world, q.hop_queries[0]))
+    q = next(q for q in world.split("train") if q.hops == 1 and tw._is_person(world, q.hop_queries[0]))
     first_name, full = q.hop_queries[0].split()[0], q.hop_queries[0]
     assert labels(world, q, [search(first_name)])[0] == ("search", "partial", True)
     assert labels(world, q, [search(full)])[0] == ("search", "hit", True)

@@ -5,6 +5,7 @@ import torch
 import evisd
 import model as M
 import search_env as se
+import toy_world as tw
 
 S, A_ = M.KIND_IDS["search"], M.KIND_IDS["answer"]
 # One block before the first search, one before the opening <answer>: the simplest placement.
@@ -117,9 +118,9 @@ def setup(request):
         tok = M.build_tokenizer(M.tokenizer_texts(seeds=(0,)))
     else:
         tok = M.load_model(request.getfixturevalue("standin_dir"), local_files_only=True)[1]
-    world = se.make_world(seed=5, n_people=20, n_cities=8, n_countries=3, n_films=8, n_companies=6)
+    world = tw.make_world(seed=5, n_people=20, n_cities=8, n_countries=3, n_films=8, n_companies=6)
     q = [q for q in world.split("train") if q.hops == 2][0]
-    ep = se.expert_episode(q, world)
+    ep = tw.expert_episode(q, world)
     tr = M.encode_episode(tok, M.render_prompt(tok, q), ep.turns, ep.observations)
     return tok, world, q, tr
 
@@ -250,7 +251,7 @@ def test_teacher_scores_selects_rows_and_scores_duplicates_once(setup, monkeypat
 def _noisy_turns(world, q):
     import random
     for seed in range(50):
-        ep = se.expert_episode(q, world, noise=1.0, rng=random.Random(seed))
+        ep = tw.expert_episode(q, world, noise=1.0, rng=random.Random(seed))
         if ep.turns[0].count("<search>") and ep.reward == 0:
             return ep.turns, ep.observations
     raise AssertionError("no noisy episode with a search")

@@ -5,6 +5,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, LogitsProcessor, L
 
 import model as M
 import search_env as se
+import toy_world as tw
 
 
 @pytest.fixture(scope="module")
@@ -20,7 +21,7 @@ def lm(tok):
 
 @pytest.fixture(scope="module")
 def world():
-    return se.make_world(seed=7, n_people=20, n_cities=8, n_countries=3, n_films=8, n_companies=6)
+    return tw.make_world(seed=7, n_people=20, n_cities=8, n_countries=3, n_films=8, n_companies=6)
 
 
 def test_tokenizer_round_trip_and_single_token_tags(tok, world):
@@ -31,7 +32,7 @@ def test_tokenizer_round_trip_and_single_token_tags(tok, world):
 
 
 def test_unseen_names_encode_in_familiar_pieces(tok):
-    unseen = se.make_world(seed=12345)          # a world the tokenizer never saw
+    unseen = tw.make_world(seed=12345)          # a world the tokenizer never saw
     unk = tok.unk_token_id
     pieces = []
     for d in unseen.docs:
@@ -190,7 +191,7 @@ def trained(tok, world):
     opt = torch.optim.AdamW(lm.parameters(), lr=3e-3)
     trs = []
     for q in [q for q in world.split("train") if q.hops == 1][:6]:
-        ep = se.expert_episode(q, world)
+        ep = tw.expert_episode(q, world)
         trs.append(M.encode_episode(tok, M.render_prompt(tok, q), ep.turns, ep.observations))
     b = M.collate(trs, tok.pad_token_id)
     for _ in range(60):    # enough to write tagged searches and answers
@@ -239,7 +240,7 @@ def test_cached_rollout_matches_a_fresh_forward(tok, trained, world):
 
 def test_encode_episode_matches_expert(tok, world):
     q = [q for q in world.split("train") if q.hops == 2][0]
-    ep = se.expert_episode(q, world)
+    ep = tw.expert_episode(q, world)
     tr = M.encode_episode(tok, M.render_prompt(tok, q), ep.turns, ep.observations)
     assert [k for _, _, k, _ in tr.spans] == ["search", "search", "answer"]
     s, e, _, _ = tr.spans[-1]
