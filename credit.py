@@ -14,7 +14,8 @@ which actions were good (``search_env.label_actions``), so the teacher can be gr
 * ``misassigned_mass`` is the share of Σ|Â| over action tokens whose sign disagrees with the
   label, for GRPO (Â = A) and for EviSD (Â = A·w) on the same batch;
 * ``report`` samples groups on held-out questions as training does and puts it all together;
-  ``python evaluate.py RUN --credit`` prints it.
+  ``python evaluate.py RUN --credit`` prints it, and with ``--variants`` it grades every
+  design choice of ``VARIANTS`` (where the teacher's blocks go, ε, ...) on the same samples.
 
 ``label_shares`` gives the same labels' shares for the metrics of every training step.
 """
@@ -143,32 +144,20 @@ def summarise(records, adv, token_adv):
     return {"rows": rows, "parts": parts}
 
 
-@torch.no_grad()
-def score_batch(lm, tokenizer, cfg, world, rollouts):
-    """What one training step computes for a batch: A, the student's log-probs, the teacher's
-    (on the episodes with A != 0, as train.py scores them) and EviSD's Â. Returns
-    (adv [N], gap [N, T], w [N, T], token_adv [N, T], rows)."""
-    adv = grpo.group_advantages(rollouts.rewards, cfg["GROUP_SIZE"])              # [N]
-    lp_s = M.token_logprobs(lm, rollouts.input_ids, rollouts.attention_mask, rollouts.gen_mask,
-                            temperature=cfg["TEMPERATURE"])                        # [N, T]
-    token_adv, _, lp_t = evisd.step_advantages(lm, tokenizer, cfg, world, rollouts, adv, lp_s)
-    w = token_adv / torch.where(adv == 0, 1.0, adv)[:, None]   # Â / A: EviSD's factor per token
-    return adv, lp_t - lp_s, w, token_adv, adv.nonzero().squeeze(1).tolist()
-
-
 # EviSD's open choices (train.py constants) as overrides of a run's config, scored on the same
 # sampled batches by ``report(..., variants=...)``: the gap's AUC changes only with what the
 # teacher reads and where; eps, the clip and the span change only how much of it reaches Â.
-VARIANTS = {
-    "as configured": {},
-    "decision tag keeps A": {"EVISD_SPAN": "content"},
-    "answer block after <answer>": {"ANSWER_AT": "content"},
-    "evidence before every search": {"EVIDENCE_AT": "every"},
-    "eps 0.5": {"EVISD_EPS": 0.5},
-    "evidence only": {"USE_ANSWER_PRIVILEGE": False},
-    "answer only": {"USE_SEARCH_EVIDENCE": False},
-    "unbounded": {"BOUNDED": False},
-}
+VARIANT_OVERRIDES = [
+    {},
+    {"EVIDENCE_AT": "first"}, {"EVIDENCE_AT": "every"},
+    {"ANSWER_AT": "tag"}, {"ANSWER_AT": "content"},
+    {"EVIDENCE_AT": "first", "ANSWER_AT": "tag"},
+    {"EVISD_SPAN": "content"},
+    {"EVISD_EPS": 0.1}, {"EVISD_EPS": 0.5},
+    {"USE_ANSWER_PRIVILEGE": False}, {"USE_SEARCH_EVIDENCE": False},
+    {"BOUNDED": False},
+]
+VARIANTS = {(", ".join(f"{k}={v}" for k, v in o.items()) or "as configured"): o for o in VARIANT_OVERRIDES}
 
 
 def report(lm, tokenizer, cfg, sets, seed=0, progress=None, variants=None):
@@ -190,9 +179,17 @@ def report(lm, tokenizer, cfg, sets, seed=0, progress=None, variants=None):
             r = M.rollout(lm, tokenizer, env, chunk, cfg["GROUP_SIZE"],
                           cfg["MAX_TURNS"], cfg["MAX_NEW_TOKENS"], cfg["TEMPERATURE"])
             labels = episode_labels(r, world, cfg["TOP_K"])
+            # What one training step computes: A, the student's log-probs, and per variant the
+            # teacher's (on the episodes with A != 0) and Â.
+            adv = grpo.group_advantages(r.rewards, cfg["GROUP_SIZE"])                   # [N]
+            rows = adv.nonzero().squeeze(1).tolist()
+            with torch.no_grad():
+                lp_s = M.token_logprobs(lm, r.input_ids, r.attention_mask, r.gen_mask,
+                                        temperature=cfg["TEMPERATURE"])                 # [N, T]
             for name, vcfg in configs.items():
-                adv, gap, w, token_adv, rows = score_batch(lm, tokenizer, vcfg, world, r)
-                for rec in action_records(r, labels, adv, gap, w, tokenizer, rows):
+                token_adv, _, lp_t = evisd.step_advantages(lm, tokenizer, vcfg, world, r, adv, lp_s)
+                w = token_adv / torch.where(adv == 0, 1.0, adv)[:, None]   # Â / A: EviSD's factor
+                for rec in action_records(r, labels, adv, lp_t - lp_s, w, tokenizer, rows):
                     rec["episode"] += n_episodes    # index into the concatenated batch below
                     records[name].append(rec)
                 token_advs[name].append(token_adv)

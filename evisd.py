@@ -54,8 +54,9 @@ class Privilege:
 
     @classmethod
     def from_config(cls, cfg):
-        return cls(cfg["USE_SEARCH_EVIDENCE"], cfg["USE_ANSWER_PRIVILEGE"], cfg["EVIDENCE_AT"],
-                   cfg["ANSWER_AT"], cfg["EVISD_SPAN"])
+        # A run saved before these constants existed placed its blocks the first way.
+        return cls(cfg["USE_SEARCH_EVIDENCE"], cfg["USE_ANSWER_PRIVILEGE"], cfg.get("EVIDENCE_AT", "first"),
+                   cfg.get("ANSWER_AT", "tag"), cfg.get("EVISD_SPAN", "action"))
 
 
 def insert_privileged(tr, evidence_ids, answer_ids, privilege=Privilege(), tokenizer=None):

@@ -201,10 +201,10 @@ def test_paired_table_and_credit_report_on_tiny_runs(tmp_path, capsys, monkeypat
     for name, card in cards.items():
         assert card["shares"] == base["shares"] and card["episodes"] == base["episodes"]
         assert card["parts"]["all"]["misassigned_grpo"] == base["parts"]["all"]["misassigned_grpo"]
-    kept = cards["decision tag keeps A"]["parts"]
+    kept = cards["EVISD_SPAN=content"]["parts"]
     for kind in ("search", "answer"):   # the tags keep A: EviSD's misassigned mass there is GRPO's
         assert kept[f"{kind}_tag"]["misassigned_evisd"] == pytest.approx(kept[f"{kind}_tag"]["misassigned_grpo"])
-    assert "| decision tag keeps A |" in capsys.readouterr().out
+    assert "| EVISD_SPAN=content |" in capsys.readouterr().out
     # Held-out EM is cached in the checkpoint: a second evaluation recomputes nothing.
     monkeypatch.setattr(evaluate, "heldout_by_hops", lambda *a, **k: pytest.fail("recomputed a cached EM"))
     evaluate.main([evisd_run, grpo_run, "--worlds", "1", "--json", js])
