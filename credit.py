@@ -151,7 +151,7 @@ VARIANT_OVERRIDES = [
     {},
     {"EVIDENCE_AT": "first"}, {"EVIDENCE_AT": "every"},
     {"ANSWER_AT": "tag"}, {"ANSWER_AT": "content"},
-    {"EVIDENCE_AT": "first", "ANSWER_AT": "tag"},
+    {"EVIDENCE_AT": "first", "ANSWER_AT": "tag"}, {"EVIDENCE_AT": "every", "ANSWER_AT": "content"},
     {"EVISD_SPAN": "content"},
     {"EVISD_EPS": 0.1}, {"EVISD_EPS": 0.5},
     {"USE_ANSWER_PRIVILEGE": False}, {"USE_SEARCH_EVIDENCE": False},
