@@ -2,8 +2,8 @@
 
 The student acted from the normal context. The *same* model, with no gradient, re-scores the
 student's action tokens under a privileged, action-aligned context: the question's gold
-evidence (formatted exactly like retrieved information) before its search actions, and the
-golden answer before its answer action. The detached gap between the two log-probs tells which
+evidence (formatted exactly like retrieved information) before each of its search actions, and
+the golden answer inside its answer action, after the opening <answer> tag. The detached gap between the two log-probs tells which
 action tokens the evidence makes more or less likely; it rescales the GRPO advantage of those
 tokens within [1 - eps, 1 + eps], never changing the sign the outcome reward chose (the RLSD
 form, arXiv 2604.03128):
@@ -15,18 +15,19 @@ form, arXiv 2604.03128):
 Thinking tokens keep A; retrieved information and the prompt are never trained on. Nothing
 changes at inference time: the teacher exists only inside a training step.
 
-The paper leaves three placements open; ``Privilege`` names them (train.py's EVIDENCE_AT,
-ANSWER_AT, EVISD_SPAN) and the README measures each: the evidence block once before the first
-search or before every search; the answer block before the opening <answer> tag (it informs
-the decision to answer) or after it (only the answer's content); and whether the opening tag
-itself, the decision to search or to answer, is corrected or keeps the plain A.
+The paper leaves three choices open; ``Privilege`` names them (train.py's EVIDENCE_AT,
+ANSWER_AT, EVISD_SPAN) and the README measures each: the evidence block before every search
+or once before the first; the answer block after the opening <answer> tag (it informs only the
+answer's content) or before it (it also informs the decision to answer, and approves answering
+too early); and whether the opening tag itself, the decision to search or to answer, is
+corrected or keeps the plain A.
 """
 from dataclasses import dataclass
 
 import torch
 
-import search_env as se
 import model as M
+import search_env as se
 from model import KIND_IDS, Transcript, token_logprobs
 
 

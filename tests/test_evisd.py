@@ -255,3 +255,28 @@ def _noisy_turns(world, q):
         if ep.turns[0].count("<search>") and ep.reward == 0:
             return ep.turns, ep.observations
     raise AssertionError("no noisy episode with a search")
+
+
+def test_step_advantages_is_teacher_scores_then_the_correction(setup):
+    tok, world, q, tr = setup
+    lm = M.build_model(tok, "tiny").eval()
+    other = M.encode_episode(tok, M.render_prompt(tok, q), *_noisy_turns(world, q))
+    b = M.collate([tr, other, tr, other], tok.pad_token_id)
+    r = M.Rollouts(**b, rewards=torch.tensor([1.0, 0.0, 1.0, 0.0]), answers=[None] * 4,
+                   turns=torch.full((4,), 3), questions=[q] * 4)
+    adv = torch.tensor([1.0, -1.0, 0.0, 0.0])        # the last two: A = 0, never re-scored
+    with torch.no_grad():
+        lp_s = M.token_logprobs(lm, r.input_ids, r.attention_mask, r.gen_mask)
+    cfg = dict(USE_SEARCH_EVIDENCE=True, USE_ANSWER_PRIVILEGE=True, EVIDENCE_AT="every",
+               ANSWER_AT="content", EVISD_SPAN="content", EVISD_EPS=0.5, EVISD_TAU=0.0,
+               BOUNDED=True, TEMPERATURE=1.0)
+    token_adv, _, lp_t = evisd.step_advantages(lm, tok, cfg, world, r, adv, lp_s)
+    privilege = evisd.Privilege.from_config(cfg)
+    expected_t = evisd.teacher_scores(lm, r, world, tok, lp_s, [0, 1], privilege)
+    assert torch.allclose(lp_t, expected_t) and torch.equal(lp_t[2:], lp_s[2:])
+    tags = evisd.decision_tags(r, tok)
+    expected, _ = evisd.evisd_advantages(adv, lp_s, expected_t, r.gen_mask, r.action_kind, eps=0.5,
+                                         keep_mask=tags)
+    assert torch.allclose(token_adv, expected)
+    assert torch.equal(token_adv[tags], adv[:, None].expand_as(token_adv)[tags])   # the tags keep A
+    assert not torch.equal(token_adv[:2], adv[:2, None] * r.gen_mask[:2])          # the rest moved
