@@ -370,9 +370,12 @@ def show_episodes(run_dir, k, html_path):
     r = M.rollout(lm, tok, env, qs, group_size=4, max_turns=cfg["MAX_TURNS"],
                   max_new_tokens=cfg["MAX_NEW_TOKENS"], temperature=cfg["TEMPERATURE"])
     adv = grpo.group_advantages(r.rewards, 4)
+    # The gap as training computes it (the run's placement and temperature), but for every
+    # episode, even those with A = 0 that training never re-scores.
     with torch.no_grad():
-        lp_s = M.token_logprobs(lm, r.input_ids, r.attention_mask, r.gen_mask)
-    lp_t = evisd.teacher_scores(lm, r, world, tok, lp_s, rows=range(len(r.questions)))  # all, even A = 0
+        lp_s = M.token_logprobs(lm, r.input_ids, r.attention_mask, r.gen_mask, temperature=cfg["TEMPERATURE"])
+    lp_t = evisd.teacher_scores(lm, r, world, tok, lp_s, range(len(r.questions)),
+                                evisd.Privilege.from_config(cfg), cfg["TEMPERATURE"])
     token_adv, _ = evisd.evisd_advantages(adv, lp_s, lp_t, r.gen_mask, r.action_kind, cfg["EVISD_EPS"])
     tty = sys.stdout.isatty()
     pages = []
