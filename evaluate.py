@@ -332,13 +332,15 @@ def plot_curves(run_dirs, path):
     import matplotlib.pyplot as plt
     panels = [("reward", "sampled train reward"), ("eval_macro", "held-out EM (quick check)"),
               ("label_answer_premature", "premature answers (share of answers)"),
+              ("label_search_partial", "partial-name queries (share of searches)"),
               ("kl", "KL to warm-up"), ("modulated_frac", "modulated token fraction")]
-    fig, axes = plt.subplots(1, len(panels), figsize=(22, 3.8))
+    fig, axes = plt.subplots(2, 3, figsize=(16, 7.5))
+    axes = axes.ravel()
     for run_index, run in enumerate(run_dirs):      # one colour per run in every panel
         rows = read_metrics(run)
         for ax, (key, title) in zip(axes, panels):
             pts = [(m["step"], m[key]) for m in rows if m.get(key) is not None]
-            if key in ("reward", "label_answer_premature") and len(pts) > 10:   # smooth the noisy per-step shares
+            if key.startswith(("reward", "label_")) and len(pts) > 10:   # smooth the noisy per-step shares
                 k = 10
                 pts = [(pts[i][0], sum(p[1] for p in pts[i - k + 1:i + 1]) / k) for i in range(k - 1, len(pts))]
             if pts:
