@@ -4,7 +4,7 @@ EviSD rescales the advantage of each action token by w = clip(exp(sign(A)·g), 1
 g = log p_teacher − log p_student. Whatever the sign of A, that moves credit the right way
 exactly when g > 0 on good actions and g < 0 on bad ones: a good search in a failed episode is
 penalised less, a premature answer in a lucky one rewarded less. A synthetic world knows
-which actions were good (``search_env.label_actions``), so the teacher can be graded:
+which actions were good (``toy_world.label_actions``), so the teacher can be graded:
 
 * ``action_records`` cuts every action of the scored episodes into its *decision tag* (the
   opening ``<search>``/``<answer>``: search now or answer now?) and its *content* (the query

@@ -47,7 +47,7 @@ METHOD = "evisd"             # "evisd" | "grpo"
 SEED = 0
 # world
 FRESH_WORLDS = True          # a new world every step, so facts cannot be memorised
-WORLD_SCALE = 1.0            # multiplies the default entity counts of search_env.make_world
+WORLD_SCALE = 1.0            # multiplies the default entity counts of toy_world.make_world
 TOP_K = 3                    # documents returned per search
 MAX_TURNS = 4                # generated turns per episode
 # supervised warm-up
