@@ -1,4 +1,4 @@
-"""Tests for the credit-assignment lab: oracle labels (search_env.label_actions), the report card's
+"""Tests for the credit-assignment lab: oracle labels (toy_world.label_actions), the report card's
 AUC and misassigned mass (credit.py), and the intervals of evaluate.py."""
 import math
 import os
