@@ -7,8 +7,9 @@ comparisons between methods, the teacher's credit report card, learning curves a
     python evaluate.py out/* --plot curves.png        # learning curves from metrics.jsonl
     python evaluate.py out/evisd-s0 --show 3          # episodes with the teacher-student gap
 
-Held-out worlds have seeds EVAL_SEED, EVAL_SEED + 1, ...; train.py keeps every training world
-below EVAL_SEED. Each world gives ~119 `test` questions (1 and 2 hops, over entities no train
+Held-out worlds have seeds EVAL_SEED, EVAL_SEED + 1, ...; validation worlds (for choosing
+settings) EVAL_SEED - 1, EVAL_SEED - 2, ...; train.py keeps every training world below both.
+Each world gives ~121 `test` questions (1 and 2 hops, over entities no train
 question starts from) and 120 `ood` ones (3 hops); the headline ``macro`` is the mean of the
 1-hop and 2-hop EM, the splits RL can move. Runs whose names differ only in a trailing
 ``-s<seed>`` are aggregated as mean ± std; runs of different methods with the same SEED share a
@@ -34,7 +35,7 @@ import toy_world as tw
 SPLITS = ("test", "ood")
 HOPS = (1, 2, 3)             # 1 and 2 hops in `test`, 3 in `ood`
 MACRO_HOPS = (1, 2)          # the headline: ood (3 hops) stays near 0 for every run
-EVAL_WORLDS = 9              # ~1,070 test and 1,080 ood questions; one world's 119 give EM ± 0.09
+EVAL_WORLDS = 9              # ~1,090 test and 1,080 ood questions; one world's ~121 give EM ± 0.09
 CREDIT_QUESTIONS = 64        # held-out questions sampled GROUP_SIZE times for --credit
 VALIDATION_WORLDS = 1000     # seeds EVAL_SEED - 1000 .. EVAL_SEED - 1: validation, never trained on
 
