@@ -1,4 +1,4 @@
-"""The toy search world, BM25 retrieval, the agent protocol and the exact-match reward.
+"""BM25 retrieval over a corpus, the agent protocol, the search environment and the exact-match reward.
 
 Everything the agent interacts with lives here; the synthetic world it is trained on, its
 demonstrator and its oracle are in toy_world.py.
