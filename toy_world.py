@@ -282,7 +282,8 @@ def expert_episode(question, world, noise=0.0, rng=None, max_turns=4, top_k=3, s
                          if _follow(world, d.title, question.hop_facts[i], chain[i], chain[i + 1])), None)
             if read is None:        # nobody it found states the fact: search the full name after all
                 read = entity
-                search("search the full name", entity)
+                if not env.done:    # ... unless that search used the last turn
+                    search("search the full name", entity)
         else:
             search(thought, entity)
         fact, entity = _follow(world, read, question.hop_facts[i], chain[i], chain[i + 1])

@@ -147,3 +147,13 @@ def test_follow_reads_the_same_relation_from_another_document(world):
     assert fact == f"{other} was born in {city}" and f"was born in {city}." in world.doc_by_title[other].text
     film = next(d.title for d in world.docs if d.text.startswith("is a film"))
     assert tw._follow(world, film, q.hop_facts[0], subject, value) is None   # films are not born
+
+
+def test_habits_and_slips_never_step_past_the_turn_budget(world):
+    # A vague first query, then a partial one on the last turn that finds nobody: the retry
+    # with the full name must not step the finished env (this seed hits that case).
+    rng = random.Random(0)
+    for q in world.split("train"):
+        for _ in range(5):
+            ep = tw.expert_episode(q, world, noise=1.0, partial_name=1.0, rng=rng, max_turns=3)
+            assert len(ep.turns) <= 3
