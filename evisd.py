@@ -3,10 +3,10 @@
 The student acted from the normal context. The *same* model, with no gradient, re-scores the
 student's action tokens under a privileged, action-aligned context: the question's gold
 evidence (formatted exactly like retrieved information) before each of its search actions, and
-the golden answer inside its answer action, after the opening <answer> tag. The detached gap between the two log-probs tells which
-action tokens the evidence makes more or less likely; it rescales the GRPO advantage of those
-tokens within [1 - eps, 1 + eps], never changing the sign the outcome reward chose (the RLSD
-form, arXiv 2604.03128):
+the golden answer inside its answer action, after the opening <answer> tag. The detached gap
+between the two log-probs tells which action tokens the evidence makes more or less likely;
+it rescales the GRPO advantage of those tokens within [1 - eps, 1 + eps], never changing the
+sign the outcome reward chose (the RLSD form, arXiv 2604.03128):
 
     g_t = stopgrad(log p_teacher(y_t) - log p_student(y_t))     on action-span tokens
     w_t = clip(exp(sign(A) * g_t), 1 - eps, 1 + eps)
