@@ -377,9 +377,7 @@ def show_episodes(run_dir, k, html_path):
     # episode, even those with A = 0 that training never re-scores.
     with torch.no_grad():
         lp_s = M.token_logprobs(lm, r.input_ids, r.attention_mask, r.gen_mask, temperature=cfg["TEMPERATURE"])
-    lp_t = evisd.teacher_scores(lm, r, world, tok, lp_s, range(len(r.questions)),
-                                evisd.Privilege.from_config(cfg), cfg["TEMPERATURE"])
-    token_adv, _ = evisd.evisd_advantages(adv, lp_s, lp_t, r.gen_mask, r.action_kind, cfg["EVISD_EPS"])
+    token_adv, _, lp_t = evisd.step_advantages(lm, tok, cfg, world, r, adv, lp_s, rows=range(len(r.questions)))
     tty = sys.stdout.isatty()
     pages = []
     for i in range(0, len(qs) * 4, 4):

@@ -240,12 +240,12 @@ def decision_tags(rollouts, tokenizer):
     return mask
 
 
-def step_advantages(model, tokenizer, cfg, world, rollouts, adv, logp_student):
+def step_advantages(model, tokenizer, cfg, world, rollouts, adv, logp_student, rows=None):
     """What one EviSD training step computes from train.py's constants ``cfg``: the teacher's
-    log-probs on the episodes with A != 0 (A = 0 gives Â = 0 whatever the teacher says), then
-    Â. Returns (token_adv [N, T], stats, logp_teacher [N, T])."""
+    log-probs on the episodes in ``rows`` (by default those with A != 0: A = 0 gives Â = 0
+    whatever the teacher says), then Â. Returns (token_adv [N, T], stats, logp_teacher [N, T])."""
     privilege = Privilege.from_config(cfg)
-    rows = adv.nonzero().squeeze(1).tolist()
+    rows = adv.nonzero().squeeze(1).tolist() if rows is None else rows
     lp_teacher = teacher_scores(model, rollouts, world, tokenizer, logp_student, rows, privilege,
                                 cfg["TEMPERATURE"])
     keep = decision_tags(rollouts, tokenizer).to(adv.device) if privilege.span == "content" else None
