@@ -3,6 +3,7 @@
     python bench.py                       # tiny and small embedded configs, random weights
     python bench.py --model out/sft-XXXX  # a trained checkpoint: real episode lengths and actions
     python bench.py --sizes tiny --repeats 3
+    python bench.py --sizes tiny --GROUP_SIZE=4 --json out/bench.json   # train.py overrides; rows as JSON
 
 For each config, on one batch of QUESTIONS x GROUP episodes:
 * rollout tokens/s of ``model.rollout`` beside one plain ``model.generate`` call that writes the
@@ -16,6 +17,7 @@ Warm-up first, then the median of ``--repeats`` timed runs. The last line prints
 """
 import argparse
 import copy
+import json
 import resource
 import statistics
 import time
@@ -108,8 +110,9 @@ def main():
     ap.add_argument("--model", default=None, help="a trained HF checkpoint directory instead")
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--device", default="auto")
-    args = ap.parse_args()
-    overrides = [f"--DEVICE={args.device}"] + ([f"--MODEL={args.model}"] if args.model else [])
+    ap.add_argument("--json", default=None, help="also write the rows and ratios to this file")
+    args, config_args = ap.parse_known_args()   # the rest: train.py's --NAME=value overrides
+    overrides = config_args + [f"--DEVICE={args.device}"] + ([f"--MODEL={args.model}"] if args.model else [])
     cfg, _, _ = train.parse_overrides(overrides, {k: getattr(train, k) for k in train.CONFIG_KEYS})  # auto LRs
     device, dtype = train.pick_device(cfg)
     rows = []
@@ -130,6 +133,10 @@ def main():
     step_ratio = statistics.mean(r["evisd_step_s"] / r["grpo_step_s"] for r in rows)
     gen_ratio = statistics.mean(r["rollout_tok_s"] / r["generate_tok_s"] for r in rows)
     print(f"evisd_step_over_grpo_step={step_ratio:.2f} rollout_over_generate={gen_ratio:.2f}")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"device": str(device), "dtype": str(dtype), "repeats": args.repeats, "rows": rows,
+                       "evisd_step_over_grpo_step": step_ratio, "rollout_over_generate": gen_ratio}, f, indent=1)
 
 
 if __name__ == "__main__":

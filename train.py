@@ -346,6 +346,7 @@ def supervised_warmup(cfg, lm, tokenizer, device, dtype, rank):
     # could find rank 0's fresh save, skip the barrier below, and leave rank 0 waiting forever.
     cached = os.path.isdir(path)
     if rank == 0 and not cached:
+        t0 = time.perf_counter()
         opt = torch.optim.AdamW(lm.parameters(), lr=cfg["SFT_LR"], weight_decay=0.0)
         warmup = max(cfg["SFT_STEPS"] // 10, 1)
         sched = torch.optim.lr_scheduler.LambdaLR(  # linear warm-up, cosine decay to 10%
@@ -370,7 +371,9 @@ def supervised_warmup(cfg, lm, tokenizer, device, dtype, rank):
             opt.step()
             sched.step()
             bar.set_postfix(loss=f"{loss:.3f}")
-        atomic_save(path, lm, tokenizer, {"config": cfg, "privileged_frac": frac})
+        seconds = time.perf_counter() - t0
+        print(f"warm-up: {cfg['SFT_STEPS']} steps in {seconds:.1f} s, saved to {path}")
+        atomic_save(path, lm, tokenizer, {"config": cfg, "privileged_frac": frac, "seconds": seconds})
     if dist.is_initialized():
         dist.barrier()
     if cached or rank != 0:
@@ -471,6 +474,8 @@ def main(argv):
     if ddp:
         dist.init_process_group("nccl" if torch.cuda.is_available() and cfg["DEVICE"] != "cpu" else "gloo")
     rank, world_size = (dist.get_rank(), dist.get_world_size()) if ddp else (0, 1)
+    if ddp and rank == 0:
+        print(f"DDP: {world_size} processes, backend {dist.get_backend()}")
     if cfg["QUESTIONS_PER_STEP"] % world_size:
         raise SystemExit(f"QUESTIONS_PER_STEP={cfg['QUESTIONS_PER_STEP']} must divide by the "
                          f"{world_size} processes")

@@ -1,10 +1,16 @@
-"""Shared fixtures: a local stand-in for a pretrained instruct model, built without a download."""
+"""Shared fixtures: a local stand-in for a pretrained instruct model, built without a download;
+and the device the tests that take one run on (``DEVICE=cuda python -m pytest``; the CPU by
+default), which docs/gpu_check.py uses on a GPU machine."""
+import os
+
 import pytest
 import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import GenerationConfig, PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
 
 import model as M
+
+DEVICE = os.environ.get("DEVICE", "cpu")
 
 # ChatML, the template of the Qwen instruct models.
 CHAT_TEMPLATE = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n"

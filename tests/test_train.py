@@ -10,11 +10,12 @@ import torch
 import credit
 import evaluate
 import train
+from conftest import DEVICE
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 TINY = ["--WORLD_SCALE=0.15", "--SFT_STEPS=4", "--SFT_BATCH=4", "--RL_STEPS=4",
         "--QUESTIONS_PER_STEP=2", "--GROUP_SIZE=2", "--MAX_NEW_TOKENS=12", "--MAX_TURNS=2",
-        "--EVAL_QUESTIONS=3", "--EVAL_EVERY=2", "--CKPT_EVERY=2", "--PPO_EPOCHS=2"]
+        "--EVAL_QUESTIONS=3", "--EVAL_EVERY=2", "--CKPT_EVERY=2", "--PPO_EPOCHS=2", f"--DEVICE={DEVICE}"]
 DEFAULTS = {k: getattr(train, k) for k in train.CONFIG_KEYS}
 TIMING = ("step_s", "rollout_s", "teacher_s")
 

@@ -1,0 +1,456 @@
+"""The GPU check: measure on one CUDA device what the README's one-GPU section otherwise
+estimates, in about seven minutes, with every figure written as it comes.
+
+    python docs/gpu_check.py out/gpu-check                    # on a CUDA machine, all parts
+    python docs/gpu_check.py out/gpu-check --parts memory,train   # rerun only what broke
+    python docs/gpu_check.py out/gpu-check --dry              # CPU, tiny sizes (tests/test_gpu_check.py)
+
+Parts, in order; each runs in its own process under a time box, and a part that fails or runs
+out of time is recorded with the end of its output while the next one still runs:
+
+* versions   python, torch, CUDA, transformers, tokenizers, the device and its driver;
+* tests      the test suite with DEVICE=cuda (tests/conftest.py hands it to the tests that
+             take a device: the model, rollouts, losses and the train.py smoke runs);
+* memory     a random model of Qwen2.5-0.5B-Instruct's exact shape (its config values below, no
+             download) put through two RL updates of the Qwen preset (policy forward and backward,
+             reference and teacher scoring) on a synthetic batch at the worst case the README's
+             table assumes, with and without GRADIENT_CHECKPOINTING; Qwen2.5-1.5B with it;
+             torch.cuda.max_memory_allocated beside the README's estimate;
+* train      config/gpu-small.py cut short: warm-up and RL wall times, seconds per step, held-out
+             EM at the end, and the full preset's time projected from them;
+* bench      bench.py on the device: the EviSD/GRPO step ratio, rollout beside plain generate;
+* torchrun   train.py under ``torchrun --nproc_per_node=1`` for two RL steps (NCCL on CUDA).
+
+Results go to OUT/gpu-check.json and OUT/gpu-check.md (rewritten after every part, so a kill
+keeps what was done) and every process's output to OUT/gpu-check.log; runs, checkpoints and
+warm-ups go to a scratch directory (``--work``, a temporary one by default).
+"""
+import argparse
+import copy
+import datetime
+import json
+import os
+import random
+import re
+import resource
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+
+# Qwen2.5's config.json values (Qwen2.5-0.5B-Instruct, Qwen2.5-1.5B-Instruct), so the memory part
+# builds the exact shapes at random with no download. ``tiny`` is the dry mode's stand-in.
+SHAPES = {
+    "qwen2.5-0.5b": dict(vocab_size=151936, hidden_size=896, intermediate_size=4864, num_hidden_layers=24,
+                         num_attention_heads=14, num_key_value_heads=2),
+    "qwen2.5-1.5b": dict(vocab_size=151936, hidden_size=1536, intermediate_size=8960, num_hidden_layers=28,
+                         num_attention_heads=12, num_key_value_heads=2),
+    "tiny": dict(vocab_size=1024, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                 num_attention_heads=4, num_key_value_heads=2),
+}
+COMMON_SHAPE = dict(max_position_embeddings=32768, rope_theta=1e6, rms_norm_eps=1e-6, tie_word_embeddings=True)
+# The worst case of the README's memory table: the Qwen preset's 8 questions x 5 samples, each a
+# ~120-token prompt, MAX_TURNS=4 turns of MAX_NEW_TOKENS=500 and 3 observations of ~150 tokens.
+PROMPT_TOKENS, OBSERVATION_TOKENS = 120, 150
+# (shape, gradient checkpointing) of each memory probe, and what the README estimated (GB).
+PROBES = [("qwen2.5-0.5b", True), ("qwen2.5-0.5b", False), ("qwen2.5-1.5b", True)]
+README_ESTIMATE_GB = {("qwen2.5-0.5b", True): 21, ("qwen2.5-1.5b", True): 51}
+
+# The train part: config/gpu-small.py with fewer steps (its full run is 1,800 + 180).
+TRAIN_CUT = ["--SFT_STEPS=400", "--RL_STEPS=10", "--EVAL_EVERY=10", "--EVAL_QUESTIONS=100"]
+FULL_SFT_STEPS, FULL_RL_STEPS = 1800, 180
+# Dry mode: every part on the CPU at tiny sizes, so the script is known to run before a GPU sees it.
+DRY_TRAIN = ["--MODEL=tiny", "--WORLD_SCALE=0.15", "--SFT_STEPS=4", "--SFT_BATCH=4", "--RL_STEPS=2",
+             "--QUESTIONS_PER_STEP=2", "--GROUP_SIZE=2", "--MAX_NEW_TOKENS=12", "--MAX_TURNS=2",
+             "--EVAL_QUESTIONS=3", "--EVAL_EVERY=2"]
+DRY_ROLLOUT = ["--QUESTIONS_PER_STEP=2", "--GROUP_SIZE=2", "--MAX_NEW_TOKENS=40", "--MAX_TURNS=3"]
+
+# Seconds each part may take, at most (the whole run also stops at --budget).
+BOXES = {"versions": 60, "memory": 150, "train": 140, "bench": 75, "torchrun": 60, "tests": 120}
+PARTS = tuple(BOXES)
+
+
+# ----------------------------------------------------------------------------- running things
+class Check:
+    """Where results go, the time left, and how every child process is run."""
+
+    def __init__(self, out, work, dry, budget):
+        self.out, self.work, self.dry = out, work, dry
+        self.device = "cpu" if dry else "cuda"
+        self.deadline = time.monotonic() + budget
+        self.box_end = self.deadline
+        self.results = {}
+        self.log = open(os.path.join(out, "gpu-check.log"), "a")
+
+    def run(self, args, timeout=None, env=None):
+        """Run ``args`` (the project's root as working directory), its output to the log, under
+        the part's time box (or ``timeout``, if shorter). Returns (returncode or None when it was
+        killed for time, output). The child gets its own process group, so a timeout also ends
+        whatever it started (torchrun's workers, pytest's children)."""
+        left = self.box_end - time.monotonic()
+        timeout = left if timeout is None else min(timeout, left)
+        self.log.write(f"\n$ {' '.join(args)}   (time box {timeout:.0f} s)\n")
+        self.log.flush()
+        proc = subprocess.Popen(args, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}, start_new_session=True)
+        try:
+            output, _ = proc.communicate(timeout=max(timeout, 1))
+            rc = proc.returncode
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            output, _ = proc.communicate()
+            rc = None
+        self.log.write(output)
+        self.log.write(f"[exit code {rc if rc is not None else 'none: killed at its time box'}]\n")
+        self.log.flush()
+        return rc, output
+
+    def python(self, *args, **kw):
+        return self.run([sys.executable, *args], **kw)
+
+
+class PartFailed(Exception):
+    """A part that ran but did not give its figures; carries those it did give."""
+
+    def __init__(self, message, figures=None):
+        super().__init__(message)
+        self.figures = figures or {}
+
+
+def tail(output, lines=8):
+    return "\n".join(output.strip().splitlines()[-lines:])
+
+
+def expect(rc, output, what):
+    if rc is None:
+        raise PartFailed(f"{what}: stopped at its time box; last output:\n{tail(output)}")
+    if rc != 0:
+        raise PartFailed(f"{what}: exit code {rc}; last output:\n{tail(output)}")
+
+
+def run_parts(check, parts, functions):
+    """Run each named part under its box; record ok / failed / timed out / skipped with its
+    figures and seconds, and rewrite the report after each one."""
+    for name in parts:
+        started = time.monotonic()
+        left = check.deadline - started
+        if left < 10:
+            check.results[name] = {"status": "skipped", "error": "the check's --budget was spent", "seconds": 0}
+            write_report(check)
+            continue
+        check.box_end = started + min(BOXES[name], left)
+        try:
+            figures, status, error = functions[name](check), "ok", None
+        except PartFailed as e:
+            figures, error = e.figures, str(e)
+            status = "timed out" if "time box" in error else "failed"
+        except Exception as e:      # a bug in a part must not stop the parts after it
+            figures, status, error = {}, "failed", f"{type(e).__name__}: {e}"
+        check.results[name] = {"status": status, "seconds": round(time.monotonic() - started, 1),
+                               "figures": figures, **({"error": error} if error else {})}
+        print(f"{name}: {status} in {check.results[name]['seconds']} s", flush=True)
+        write_report(check)
+
+
+# ----------------------------------------------------------------------------- the parts
+def part_versions(check):
+    rc, output = check.python("-c", """
+import json, platform, torch, transformers, tokenizers
+cuda = torch.cuda.is_available()
+print(json.dumps({"python": platform.python_version(), "torch": torch.__version__,
+                  "cuda": torch.version.cuda, "transformers": transformers.__version__,
+                  "tokenizers": tokenizers.__version__,
+                  "device": torch.cuda.get_device_name(0) if cuda else "cpu",
+                  "capability": ".".join(map(str, torch.cuda.get_device_capability(0))) if cuda else None,
+                  "memory_gib": round(torch.cuda.get_device_properties(0).total_memory / 2**30, 1) if cuda else None,
+                  "bf16": torch.cuda.is_bf16_supported() if cuda else None}))
+""")
+    expect(rc, output, "versions")
+    figures = json.loads(output.strip().splitlines()[-1])
+    figures["date"] = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    if not check.dry:
+        rc, smi = check.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"], timeout=20) \
+            if _has("nvidia-smi") else (1, "")
+        figures["driver"] = smi.strip() if rc == 0 else None
+        if figures["device"] == "cpu":
+            raise PartFailed("torch sees no CUDA device: run with --dry on a machine without one", figures)
+    return figures
+
+
+def _has(program):
+    return any(os.access(os.path.join(d, program), os.X_OK) for d in os.environ.get("PATH", "").split(os.pathsep))
+
+
+def part_tests(check):
+    # The dry mode runs one small file: the whole suite would run this very check again.
+    targets = ["tests/test_grpo.py"] if check.dry else ["tests", "--ignore=tests/test_gpu_check.py"]
+    rc, output = check.python("-m", "pytest", "-q", "-p", "no:cacheprovider", *targets,
+                              env={"DEVICE": check.device})
+    counts = {k: int(n) for n, k in re.findall(r"(\d+) (passed|failed|errors?|skipped)", tail(output, 3))}
+    figures = {"device": check.device, "passed": counts.get("passed", 0), "failed": counts.get("failed", 0),
+               "errors": counts.get("error", 0) + counts.get("errors", 0), "skipped": counts.get("skipped", 0),
+               "not_passed": [l.split(" - ")[0] for l in output.splitlines() if l.startswith(("FAILED ", "ERROR "))]}
+    expect(rc, output, "pytest")
+    return figures
+
+
+def part_memory(check):
+    figures, failures = {}, []
+    probes = [("tiny", True), ("tiny", False)] if check.dry else PROBES
+    for shape, checkpointing in probes:
+        name = f"{shape}, {'with' if checkpointing else 'without'} checkpointing"
+        path = os.path.join(check.work, f"memory-{shape}-{int(checkpointing)}.json")
+        rc, output = check.python(os.path.relpath(__file__, ROOT), "--probe-memory", shape,
+                                  "--checkpointing", str(int(checkpointing)), "--json", path,
+                                  *(["--dry"] if check.dry else []), timeout=75)
+        if rc == 0 and os.path.exists(path):
+            figures[name] = json.load(open(path))
+        else:
+            oom = "OutOfMemoryError" in output or "out of memory" in output
+            figures[name] = {"error": "out of memory" if oom else f"exit code {rc}", "tail": tail(output, 3)}
+            if not oom:      # running out of memory is a measurement; anything else is a failure
+                failures.append(f"{name}: {tail(output)}")
+    if failures:
+        raise PartFailed("memory probes failed: " + "; ".join(failures), figures)
+    return figures
+
+
+def part_train(check):
+    out, sft = os.path.join(check.work, "gpu-small"), os.path.join(check.work, "sft")
+    args = DRY_TRAIN if check.dry else TRAIN_CUT
+    started = time.monotonic()
+    rc, output = check.python("train.py", "config/gpu-small.py", *args, f"--DEVICE={check.device}",
+                              f"--OUT_DIR={out}", f"--SFT_DIR={sft}", "--overwrite")
+    figures = {"args": " ".join(args), "wall_s": round(time.monotonic() - started, 1)}
+    figures.update(train_figures(out, sft, args))
+    expect(rc, output, "train.py")
+    return figures
+
+
+def train_figures(out, sft, args):
+    """Warm-up and RL times and the held-out quick checks of a run, from what it wrote."""
+    import statistics
+    import torch
+    figures = {}
+    warmups = [d for d in os.listdir(os.path.dirname(sft)) if d.startswith(os.path.basename(sft) + "-")]
+    for d in warmups:
+        state = torch.load(os.path.join(os.path.dirname(sft), d, "state.pt"), weights_only=False)
+        figures["warmup_s"] = round(state["seconds"], 1)
+        figures["warmup_steps"] = state["config"]["SFT_STEPS"]
+    rows = []
+    if os.path.exists(os.path.join(out, "metrics.jsonl")):
+        rows = [json.loads(l) for l in open(os.path.join(out, "metrics.jsonl")) if l.strip()]
+    steps = [r for r in rows if not r.get("eval")]
+    if steps:
+        step_s = statistics.median(r["step_s"] for r in steps[1:] or steps)   # the first step warms CUDA up
+        figures.update(rl_steps=len(steps), rl_step_s=round(step_s, 3), rl_steps_per_s=round(1 / step_s, 3),
+                       rollout_s=round(statistics.median(r["rollout_s"] for r in steps), 3),
+                       teacher_s=round(statistics.median(r["teacher_s"] for r in steps), 3))
+    evals = [r for r in rows if r.get("eval")]
+    if evals:
+        figures["heldout_first"] = {k[5:]: v for k, v in evals[0].items() if k.startswith("eval_")} | {"step": evals[0]["step"]}
+        figures["heldout_last"] = {k[5:]: v for k, v in evals[-1].items() if k.startswith("eval_")} | {"step": evals[-1]["step"]}
+    if "warmup_s" in figures and steps:
+        figures["projected_full_preset_min"] = round(
+            (figures["warmup_s"] / figures["warmup_steps"] * FULL_SFT_STEPS + figures["rl_step_s"] * FULL_RL_STEPS) / 60, 1)
+    return figures
+
+
+def part_bench(check):
+    path = os.path.join(check.work, "bench.json")
+    extra = ["--sizes", "tiny", "--repeats", "1", "--QUESTIONS_PER_STEP=2", "--GROUP_SIZE=2",
+             "--MAX_NEW_TOKENS=12"] if check.dry else ["--repeats", "2"]
+    rc, output = check.python("bench.py", "--device", check.device, "--json", path, *extra)
+    expect(rc, output, "bench.py")
+    result = json.load(open(path))
+    keep = ("params", "episodes", "gen_tokens", "rollout_tok_s", "generate_tok_s", "rollout_s", "teacher_s",
+            "grpo_step_s", "evisd_step_s", "peak")
+    return {"evisd_step_over_grpo_step": round(result["evisd_step_over_grpo_step"], 3),
+            "rollout_over_generate": round(result["rollout_over_generate"], 3),
+            **{row["config"]: {k: round(row[k], 3) if isinstance(row[k], float) else row[k] for k in keep}
+               for row in result["rows"]}}
+
+
+def part_torchrun(check):
+    out = os.path.join(check.work, "ddp")
+    args = DRY_TRAIN if check.dry else ["--SFT_STEPS=20", "--QUESTIONS_PER_STEP=4"]
+    rc, output = check.python("-m", "torch.distributed.run", "--standalone", "--nproc_per_node=1", "train.py",
+                              *args, "--RL_STEPS=2", "--EVAL_EVERY=0", f"--DEVICE={check.device}",
+                              f"--OUT_DIR={out}", f"--SFT_DIR={os.path.join(check.work, 'ddp-warmup')}", "--overwrite")
+    backend = re.search(r"DDP: (\d+) processes, backend (\w+)", output)
+    figures = {"processes": int(backend.group(1)) if backend else None, "backend": backend.group(2) if backend else None}
+    expect(rc, output, "torchrun train.py")
+    figures["rows"] = sum(1 for _ in open(os.path.join(out, "metrics.jsonl")))
+    figures["checkpoint"] = os.path.isdir(os.path.join(out, "ckpt-000002"))
+    if figures["rows"] != 2 or not figures["checkpoint"]:
+        raise PartFailed("torchrun train.py: expected 2 metric rows and ckpt-000002", figures)
+    return figures
+
+
+FUNCTIONS = {"versions": part_versions, "memory": part_memory, "train": part_train, "bench": part_bench,
+             "torchrun": part_torchrun, "tests": part_tests}
+
+
+# ----------------------------------------------------------------------------- the memory probe
+def worst_case_rollouts(cfg, tok, world, prompt_tokens, observation_tokens):
+    """A Rollouts batch at its longest: every episode uses all MAX_TURNS turns of MAX_NEW_TOKENS
+    (thinking, then a search, and an answer last) with full observations between them. The text
+    is the toy world's, so the teacher's evidence blocks are real; every group has mixed rewards,
+    so A != 0 everywhere and the teacher scores every episode (its worst case too)."""
+    import torch
+    import model as M
+    rng = random.Random(0)
+    words = tok.encode(" ".join(d.text for d in world.docs), add_special_tokens=False)
+
+    def filler(n):                           # n ordinary tokens from a random place in the corpus
+        start = rng.randrange(len(words) - n)
+        return words[start:start + n]
+
+    questions = [q for q in world.split("train") if q.hops == 2][:cfg["QUESTIONS_PER_STEP"]]
+    think = tok.encode("<think>", add_special_tokens=False)
+    transcripts, episodes = [], []
+    for q in questions:
+        for _ in range(cfg["GROUP_SIZE"]):
+            tr = M.Transcript(filler(prompt_tokens))
+            for turn in range(cfg["MAX_TURNS"]):
+                kind = "answer" if turn == cfg["MAX_TURNS"] - 1 else "search"
+                action = tok.encode(f"</think><answer> {q.answers[0]} </answer>" if kind == "answer"
+                                    else f"</think><search> {q.question} </search>", add_special_tokens=False)
+                ids = think + filler(cfg["MAX_NEW_TOKENS"] - len(think) - len(action)) + action
+                tr.add_turn(ids, kind, turn, M.action_start(tok, ids, tok.decode(ids), kind))
+                if kind == "search":
+                    tr.add_observation(filler(observation_tokens))
+            transcripts.append(tr)
+            episodes.append(q)
+    n = len(transcripts)
+    return M.Rollouts(**M.collate(transcripts, tok.pad_token_id), rewards=torch.tensor([float(i % 2) for i in range(n)]),
+                      answers=[q.answers[0] for q in episodes], turns=torch.full((n,), cfg["MAX_TURNS"]),
+                      questions=episodes)
+
+
+def probe_memory(shape, checkpointing, dry, path):
+    """Two RL updates (EviSD, the Qwen preset) of a random model of ``shape`` on the worst-case
+    batch: peak memory, memory held between steps, seconds per update; written to ``path``."""
+    import torch
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+    import model as M
+    import toy_world as tw
+    import train
+    defaults = {k: getattr(train, k) for k in train.CONFIG_KEYS}
+    preset = os.path.join(ROOT, "config", "qwen2.5-0.5b-instruct.py")
+    cfg, _, _ = train.parse_overrides([preset, f"--DEVICE={'cpu' if dry else 'cuda'}"] + (DRY_ROLLOUT if dry else []),
+                                      defaults)
+    device, dtype = train.pick_device(cfg)
+    prompt_tokens, observation_tokens = (20, 20) if dry else (PROMPT_TOKENS, OBSERVATION_TOKENS)
+    tok = M.build_tokenizer(M.tokenizer_texts(seeds=(0,)))
+    world = tw.make_world(0)
+    batch = worst_case_rollouts(cfg, tok, world, prompt_tokens, observation_tokens)
+    config = Qwen2Config(**SHAPES[shape], **COMMON_SHAPE, pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id)
+    torch.manual_seed(0)
+    with torch.device(device):
+        lm = Qwen2ForCausalLM(config)        # float32 weights, as train.py holds the policy
+    if checkpointing:
+        M.enable_checkpointing(lm)
+    ref = copy.deepcopy(lm).to(dtype).eval().requires_grad_(False)
+    opt = torch.optim.AdamW(lm.parameters(), lr=cfg["LR"], weight_decay=0.0)
+    policy = train.SyncedPolicy(lm)
+    cuda = device.type == "cuda"
+    if cuda:
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+    seconds = []
+    for _ in range(2):
+        t0 = time.perf_counter()
+        metrics = train.update(cfg, batch, world, policy, lm, ref, tok, opt, device, dtype)
+        if cuda:
+            torch.cuda.synchronize()
+        seconds.append(round(time.perf_counter() - t0, 2))
+    params = sum(p.numel() for p in lm.parameters())
+    hidden, layers, mlp = SHAPES[shape]["hidden_size"], SHAPES[shape]["num_hidden_layers"], SHAPES[shape]["intermediate_size"]
+    tokens = int(batch.attention_mask.numel())
+    # The README's formula: 20 bytes per parameter, and with checkpointing each layer's bf16 input,
+    # one layer's recompute and one 2^27-logit chunk of the head.
+    estimate = 20 * params + (tokens * (2 * hidden * layers + 2 * (7 * hidden + 4 * mlp)) + 4 * 2**27
+                              if checkpointing else 0)
+    result = {"params": params, "episodes": batch.input_ids.shape[0], "tokens_per_episode": batch.input_ids.shape[1],
+              "update_s": seconds, "modulated_frac": round(metrics.get("modulated_frac", 0.0), 3),
+              "finite_loss": bool(metrics.get("nonfinite_loss", 0) == 0),
+              "readme_formula_gb": round(estimate / 1e9, 1) if checkpointing else None,
+              "readme_table_gb": README_ESTIMATE_GB.get((shape, checkpointing))}
+    if cuda:
+        result["peak_gb"] = round(torch.cuda.max_memory_allocated() / 1e9, 2)
+        result["held_between_steps_gb"] = round(torch.cuda.memory_allocated() / 1e9, 2)
+    else:
+        result["peak_rss_gb"] = round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1e6, 2)
+    with open(path, "w") as f:
+        json.dump(result, f, indent=1)
+
+
+# ----------------------------------------------------------------------------- the report
+def flat(figures, prefix=""):
+    """Nested figures as (name, value) rows."""
+    for k, v in figures.items():
+        if isinstance(v, dict):
+            yield from flat(v, f"{prefix}{k}: ")
+        else:
+            yield f"{prefix}{k}", v
+
+
+def write_report(check):
+    """gpu-check.json and gpu-check.md, written under temporary names and renamed into place."""
+    report = {"dry": check.dry, "parts": check.results}
+    lines = ["# GPU check" + (" (dry mode: CPU, tiny sizes)" if check.dry else ""), "",
+             "| part | status | seconds |", "|---|---|---|"]
+    lines += [f"| {name} | {r['status']} | {r['seconds']} |" for name, r in check.results.items()]
+    for name, r in check.results.items():
+        lines += ["", f"## {name}", ""]
+        if r.get("error"):
+            lines += ["```", r["error"], "```", ""]
+        if r.get("figures"):
+            lines += ["| figure | value |", "|---|---|"]
+            lines += [f"| {k} | {json.dumps(v) if not isinstance(v, str) else v} |" for k, v in flat(r["figures"])]
+    for path, text in (("gpu-check.json", json.dumps(report, indent=1)), ("gpu-check.md", "\n".join(lines) + "\n")):
+        full = os.path.join(check.out, path)
+        with open(full + ".tmp", "w") as f:
+            f.write(text)
+        os.replace(full + ".tmp", full)
+
+
+def main(argv):
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("out", nargs="?", help="directory for gpu-check.json, gpu-check.md and gpu-check.log")
+    ap.add_argument("--dry", action="store_true", help="CPU and tiny sizes: check the script itself")
+    ap.add_argument("--parts", default=",".join(PARTS), help=f"comma-separated, from {','.join(PARTS)}")
+    ap.add_argument("--budget", type=float, default=480, help="seconds for the whole check (parts are skipped after)")
+    ap.add_argument("--work", default=None, help="scratch directory for runs (default: a temporary one)")
+    ap.add_argument("--probe-memory", choices=sorted(SHAPES), help=argparse.SUPPRESS)   # one memory probe, in its own process
+    ap.add_argument("--checkpointing", type=int, default=1, help=argparse.SUPPRESS)
+    ap.add_argument("--json", help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+    if args.probe_memory:
+        return probe_memory(args.probe_memory, bool(args.checkpointing), args.dry, args.json)
+    if not args.out:
+        ap.error("give the directory for the results, e.g. out/gpu-check")
+    parts = args.parts.split(",")
+    unknown = [p for p in parts if p not in PARTS]
+    if unknown:
+        ap.error(f"unknown part(s) {', '.join(unknown)}; the parts are {', '.join(PARTS)}")
+    os.makedirs(args.out, exist_ok=True)
+    work = args.work or tempfile.mkdtemp(prefix="gpu-check-")
+    os.makedirs(work, exist_ok=True)
+    check = Check(os.path.abspath(args.out), os.path.abspath(work), args.dry, args.budget)
+    previous = os.path.join(check.out, "gpu-check.json")
+    if os.path.exists(previous):     # a rerun of some parts keeps the others' results
+        check.results = {k: v for k, v in json.load(open(previous))["parts"].items() if k not in parts}
+    run_parts(check, parts, FUNCTIONS)
+    bad = [name for name in parts if check.results[name]["status"] != "ok"]
+    print(f"results: {os.path.join(check.out, 'gpu-check.md')}" + (f"; not ok: {', '.join(bad)}" if bad else ""))
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,105 @@
+"""The model, rollouts and both methods' losses on the device the suite is given
+(``DEVICE=cuda python -m pytest``; the CPU by default), checked against the CPU in float32:
+what docs/gpu_check.py runs on a GPU before it measures anything."""
+import copy
+
+import pytest
+import torch
+
+import evisd
+import grpo
+import model as M
+import search_env as se
+import train
+from bench import expert_rollouts
+from conftest import DEVICE
+from test_model import _check_masks, tok, trained, world  # noqa: F401 (fixtures)
+
+device = torch.device(DEVICE)
+# The dtype train.py computes in on this device (bf16 autocast on CUDA), and how far its
+# log-probs may sit from the CPU's float32 ones: bf16 keeps 8 mantissa bits (0.4%).
+_, dtype = train.pick_device({"DEVICE": DEVICE, "DTYPE": "auto"})
+LOGP_ATOL = 1e-5 if dtype == torch.float32 else 0.05
+
+
+def test_token_logprobs_on_the_device_match_the_cpu(trained, world, tok):
+    q = world.split("train")[0]
+    ids = torch.tensor([tok.encode(M.render_prompt(tok, q) + "<think> x </think><search> a b </search>")])
+    mask = torch.ones_like(ids)
+    with torch.no_grad():
+        cpu = M.token_logprobs(trained, ids, mask)
+        on_device = copy.deepcopy(trained).to(device)
+        with M.autocast(device, dtype):
+            got = M.token_logprobs(on_device, ids.to(device), mask.to(device))
+    assert got.device.type == device.type and got.dtype == torch.float32
+    assert (got.cpu() - cpu).abs().max() < LOGP_ATOL
+
+
+def test_cached_rollout_on_the_device_matches_a_fresh_forward(trained, world, tok):
+    """The KV cache, stop strings and dropped rows on the device: every greedy token is the
+    argmax of a plain forward over its transcript (float32, so no rounding can flip a tie)."""
+    lm = copy.deepcopy(trained).to(device)
+    qs = world.split("train")[:6]
+    env = lambda q: se.SearchEnv(world, q, max_turns=1 + qs.index(q) % 3)
+    r = M.rollout(lm, tok, env, qs, max_turns=3, max_new_tokens=24, greedy=True)
+    assert r.input_ids.device.type == "cpu"              # results come back for the env and the masks
+    _check_masks(r, tok, world)
+    with torch.no_grad():
+        logits = lm(input_ids=r.input_ids.to(device), attention_mask=r.attention_mask.to(device)).logits.float().cpu()
+    gen = r.gen_mask[:, 1:].bool()
+    chosen = logits[:, :-1].gather(-1, r.input_ids[:, 1:, None]).squeeze(-1)
+    assert gen.sum() > 50 and ((logits[:, :-1].max(-1).values - chosen)[gen]).max() < 1e-3
+
+
+@pytest.fixture(scope="module")
+def sampled(trained, world, tok):
+    """The trained model on the device and a batch of noisy expert episodes with mixed rewards
+    (what a warmed-up policy samples: real action spans, some right, some wrong)."""
+    cfg = dict({k: getattr(train, k) for k in train.CONFIG_KEYS}, GROUP_SIZE=4)
+    r = expert_rollouts(cfg, tok, world, world.split("train")[:4])
+    assert 0 < r.rewards.sum() < len(r.rewards)
+    return copy.deepcopy(trained).to(device), r
+
+
+def test_evisd_advantages_on_the_device_are_bounded_and_keep_the_sign(sampled, world, tok):
+    lm, r = sampled
+    cfg = {k: getattr(train, k) for k in train.CONFIG_KEYS}
+    adv = grpo.group_advantages(r.rewards, 4).to(device)                               # [N]
+    with torch.no_grad(), M.autocast(device, dtype):
+        logp = M.token_logprobs(lm, r.input_ids.to(device), r.attention_mask.to(device),
+                                r.gen_mask.to(device), temperature=cfg["TEMPERATURE"])  # [N, T]
+        token_adv, stats, lp_teacher = evisd.step_advantages(lm, tok, cfg, world, r, adv, logp)
+    assert token_adv.device.type == device.type and token_adv.shape == r.input_ids.shape
+    gen, A = r.gen_mask.to(device).bool(), adv[:, None].expand_as(token_adv)
+    assert (token_adv[~gen] == 0).all()
+    ratio = token_adv[gen & (A != 0)] / A[gen & (A != 0)]
+    eps = cfg["EVISD_EPS"]
+    assert ratio.min() >= 1 - eps - 1e-6 and ratio.max() <= 1 + eps + 1e-6   # bounded, never sign-flipped
+    assert stats["modulated_frac"] > 0 and torch.isfinite(lp_teacher).all()
+
+
+@pytest.mark.parametrize("method", ["grpo", "evisd"])
+def test_one_update_on_the_device_moves_the_weights(sampled, world, tok, method):
+    lm, r = sampled
+    lm = copy.deepcopy(lm)
+    cfg = dict({k: getattr(train, k) for k in train.CONFIG_KEYS}, METHOD=method, LR=1e-3, GROUP_SIZE=4)
+    ref = copy.deepcopy(lm).to(dtype).eval().requires_grad_(False)
+    before = [p.detach().clone() for p in lm.parameters()]
+    opt = torch.optim.AdamW(lm.parameters(), lr=cfg["LR"])
+    metrics = train.update(cfg, r, world, train.SyncedPolicy(lm), lm, ref, tok, opt, device, dtype)
+    assert "nonfinite_loss" not in metrics and metrics["kl"] >= 0
+    assert max((p.detach() - b).abs().max().item() for p, b in zip(lm.parameters(), before)) > 1e-5
+    assert ("modulated_frac" in metrics) == (method == "evisd")
+
+
+def test_gradient_checkpointing_on_the_device_gives_the_same_gradients(tok):
+    ids = torch.tensor([[5, 17, 42, 99, 3, 250, 7], [8, 9, 10, 11, 12, 0, 0]], device=device)
+    mask = torch.tensor([[1] * 7, [1] * 5 + [0] * 2], device=device)
+    grads = []
+    for checkpointing in (False, True):
+        lm = M.build_model(tok, "tiny").to(device).train()
+        if checkpointing:
+            M.enable_checkpointing(lm)
+        M.token_logprobs(lm, ids, mask, chunk=3).sum().backward()
+        grads.append([p.grad for p in lm.parameters()])
+    assert all(torch.allclose(a, b, atol=1e-5) for a, b in zip(*grads))
