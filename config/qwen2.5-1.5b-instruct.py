@@ -1,6 +1,7 @@
 """Qwen2.5-1.5B-Instruct on one 80 GB GPU, the same recipe as config/qwen2.5-0.5b-instruct.py
-(Search-R1's settings). An estimate says it does not fit in 24 GB (README, One GPU). A
-starting point, not a tuned recipe: no GPU run of it has been recorded.
+(Search-R1's settings). Two updates of a random model of this shape at the worst case peak
+at 58.6 GB (README, One GPU). A starting point, not a tuned recipe: no run with the real
+weights has been recorded.
 
     python train.py config/qwen2.5-1.5b-instruct.py --SEED=1
 """

@@ -61,7 +61,7 @@ PROBES = [("qwen2.5-0.5b", True), ("qwen2.5-0.5b", False), ("qwen2.5-1.5b", True
 README_ESTIMATE_GB = {("qwen2.5-0.5b", True): 21, ("qwen2.5-1.5b", True): 51}
 
 # The train part: config/gpu-small.py with fewer steps (its full run is 1,800 + 180).
-TRAIN_CUT = ["--SFT_STEPS=400", "--RL_STEPS=10", "--EVAL_EVERY=10", "--EVAL_QUESTIONS=100"]
+TRAIN_CUT = ["--SFT_STEPS=300", "--RL_STEPS=8", "--EVAL_EVERY=8", "--EVAL_QUESTIONS=100"]
 FULL_SFT_STEPS, FULL_RL_STEPS = 1800, 180
 # Dry mode: every part on the CPU at tiny sizes, so the script is known to run before a GPU sees it.
 DRY_TRAIN = ["--MODEL=tiny", "--WORLD_SCALE=0.15", "--SFT_STEPS=4", "--SFT_BATCH=4", "--RL_STEPS=2",
@@ -70,7 +70,7 @@ DRY_TRAIN = ["--MODEL=tiny", "--WORLD_SCALE=0.15", "--SFT_STEPS=4", "--SFT_BATCH
 DRY_ROLLOUT = ["--QUESTIONS_PER_STEP=2", "--GROUP_SIZE=2", "--MAX_NEW_TOKENS=40", "--MAX_TURNS=3"]
 
 # Seconds each part may take, at most (the whole run also stops at --budget).
-BOXES = {"versions": 60, "memory": 150, "train": 140, "bench": 75, "torchrun": 60, "tests": 120}
+BOXES = {"versions": 60, "memory": 150, "train": 180, "bench": 75, "torchrun": 60, "tests": 120}
 PARTS = tuple(BOXES)
 
 
@@ -125,11 +125,12 @@ def tail(output, lines=8):
     return "\n".join(output.strip().splitlines()[-lines:])
 
 
-def expect(rc, output, what):
+def expect(rc, output, what, figures=None):
+    """Stop the part unless its command ended well, keeping the figures it gave anyway."""
     if rc is None:
-        raise PartFailed(f"{what}: stopped at its time box; last output:\n{tail(output)}")
+        raise PartFailed(f"{what}: stopped at its time box; last output:\n{tail(output)}", figures)
     if rc != 0:
-        raise PartFailed(f"{what}: exit code {rc}; last output:\n{tail(output)}")
+        raise PartFailed(f"{what}: exit code {rc}; last output:\n{tail(output)}", figures)
 
 
 def run_parts(check, parts, functions):
@@ -194,7 +195,7 @@ def part_tests(check):
     figures = {"device": check.device, "passed": counts.get("passed", 0), "failed": counts.get("failed", 0),
                "errors": counts.get("error", 0) + counts.get("errors", 0), "skipped": counts.get("skipped", 0),
                "not_passed": [l.split(" - ")[0] for l in output.splitlines() if l.startswith(("FAILED ", "ERROR "))]}
-    expect(rc, output, "pytest")
+    expect(rc, output, "pytest", figures)
     return figures
 
 
@@ -227,7 +228,7 @@ def part_train(check):
                               f"--OUT_DIR={out}", f"--SFT_DIR={sft}", "--overwrite")
     figures = {"args": " ".join(args), "wall_s": round(time.monotonic() - started, 1)}
     figures.update(train_figures(out, sft, args))
-    expect(rc, output, "train.py")
+    expect(rc, output, "train.py", figures)
     return figures
 
 
@@ -283,7 +284,7 @@ def part_torchrun(check):
                               f"--OUT_DIR={out}", f"--SFT_DIR={os.path.join(check.work, 'ddp-warmup')}", "--overwrite")
     backend = re.search(r"DDP: (\d+) processes, backend (\w+)", output)
     figures = {"processes": int(backend.group(1)) if backend else None, "backend": backend.group(2) if backend else None}
-    expect(rc, output, "torchrun train.py")
+    expect(rc, output, "torchrun train.py", figures)
     figures["rows"] = sum(1 for _ in open(os.path.join(out, "metrics.jsonl")))
     figures["checkpoint"] = os.path.isdir(os.path.join(out, "ckpt-000002"))
     if figures["rows"] != 2 or not figures["checkpoint"]:
