@@ -1,5 +1,6 @@
 """The GPU check: measure on one CUDA device what the README's one-GPU section otherwise
-estimates, in about eight minutes (484 s of parts on one H200), with every figure written as it comes.
+estimates, in about eight minutes (484 s of parts on one H200), every figure written as it
+comes.
 
     python docs/gpu_check.py out/gpu-check                    # on a CUDA machine, all parts
     python docs/gpu_check.py out/gpu-check --parts memory,train   # rerun only what broke
