@@ -25,6 +25,7 @@ import time
 import torch
 
 import model as M
+import runs
 import search_env as se
 import toy_world as tw
 import train
@@ -113,8 +114,8 @@ def main():
     ap.add_argument("--json", default=None, help="also write the rows and ratios to this file")
     args, config_args = ap.parse_known_args()   # the rest: train.py's --NAME=value overrides
     overrides = config_args + [f"--DEVICE={args.device}"] + ([f"--MODEL={args.model}"] if args.model else [])
-    cfg, _, _ = train.parse_overrides(overrides, {k: getattr(train, k) for k in train.CONFIG_KEYS})  # auto LRs
-    device, dtype = train.pick_device(cfg)
+    cfg, _, _ = train.configure(overrides)   # train.py's defaults, auto LRs resolved
+    device, dtype = runs.pick_device(cfg)
     rows = []
     if args.model:
         lm, tok = M.load_model(args.model, local_files_only=True)

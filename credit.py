@@ -17,8 +17,11 @@ which actions were good (``toy_world.label_actions``), so the teacher can be gra
   ``python evaluate.py RUN --credit`` prints it, and with ``--variants`` it grades every
   design choice of ``VARIANTS`` (where the teacher's blocks go, ε, ...) on the same samples.
 
-``label_shares`` gives the same labels' shares for the metrics of every training step.
+``label_shares`` gives the same labels' shares for the metrics of every training step, and
+``show_episodes`` prints sampled episodes with each action token's gap (``--show``).
 """
+import html
+import sys
 from collections import defaultdict
 
 import torch
@@ -167,7 +170,8 @@ def report(lm, tokenizer, cfg, sets, seed=0, progress=None, variants=None):
     label counts of the sampled actions; with ``variants`` ({name: config overrides}), one such
     dict per variant, all scored on the same sampled batches."""
     lm.eval()
-    configs = {name: dict(cfg, **overrides) for name, overrides in (variants or {"": {}}).items()}
+    # The card grades EviSD's teacher, whichever method the run trained with.
+    configs = {name: dict(cfg, METHOD="evisd", **overrides) for name, overrides in (variants or {"": {}}).items()}
     records = {name: [] for name in configs}
     token_advs = {name: [] for name in configs}
     labels_all, all_adv, n_episodes, width = [], [], 0, 0
@@ -240,3 +244,60 @@ def format_report(card):
         lines.append(f"| {name} | {p['actions']} ({p['good']}) | {fmt(p['auc'])} | "
                      f"{fmt(p['misassigned_grpo'])} | {fmt(p['misassigned_evisd'])} |")
     return "\n".join(lines)
+
+
+# ----------------------------------------------------------------------------- episodes by gap
+def printable(text):
+    """``text`` as stdout can encode it: a lone surrogate or a character the terminal lacks
+    becomes a backslash escape, so no model output can crash a print."""
+    encoding = getattr(sys.stdout, "encoding", None) or "utf-8"
+    return text.encode(encoding, "backslashreplace").decode(encoding)
+
+
+def show_episodes(lm, tok, cfg, world, qs, html_path):
+    """Sample 4 episodes of each question, score them as training would, and print two of each
+    with every action token's teacher-student gap (evaluate.py --show); also as HTML."""
+    cfg = dict(cfg, METHOD="evisd")    # the teacher's gap, whichever method the run trained with
+    torch.manual_seed(0)
+    env = lambda q: se.SearchEnv(world, q, max_turns=cfg["MAX_TURNS"], top_k=cfg["TOP_K"])
+    r = M.rollout(lm, tok, env, qs, group_size=4, max_turns=cfg["MAX_TURNS"],
+                  max_new_tokens=cfg["MAX_NEW_TOKENS"], temperature=cfg["TEMPERATURE"])
+    adv = grpo.group_advantages(r.rewards, 4)
+    # Exactly what a training step computes (the run's placement, span and temperature): the
+    # teacher re-scores the episodes with A != 0; a group whose samples all agree has A = 0, and
+    # its gap shows as 0 because training never re-scores it.
+    with torch.no_grad():
+        lp_s = M.token_logprobs(lm, r.input_ids, r.attention_mask, r.gen_mask, temperature=cfg["TEMPERATURE"])
+    token_adv, _, lp_t = evisd.step_advantages(lm, tok, cfg, world, r, adv, lp_s)
+    tty = sys.stdout.isatty()
+    pages = []
+    for i in range(0, len(qs) * 4, 4):
+        for j in (i, i + 1):   # two samples of each question
+            n = int(r.attention_mask[j].sum())
+            p = int(r.prompt_len[j])
+            head = f"Q: {r.questions[j].question}  gold={r.questions[j].answers[0]}  reward={r.rewards[j]:.0f}  A={adv[j]:+.2f}"
+            print("\n" + printable(head))
+            text, page = [], [f"<p><b>{html.escape(head)}</b><br>"]
+            for t in range(p, n):
+                piece = tok.decode([int(r.input_ids[j, t])])
+                if r.info_mask[j, t]:
+                    text.append("\x1b[2m" + piece + "\x1b[0m" if tty else piece)
+                    page.append(f"<span style='color:#999'>{html.escape(piece)}</span>")
+                elif r.action_kind[j, t]:
+                    g = (lp_t[j, t] - lp_s[j, t]).item()
+                    colour = "32" if g > 0 else "31"
+                    text.append(f"\x1b[{colour}m{piece}\x1b[0m[{g:+.1f}]" if tty else f"{piece}[{g:+.1f}]")
+                    alpha = min(abs(g) / 2, 1)
+                    rgb = "0,160,0" if g > 0 else "200,0,0"
+                    page.append(f"<span title='gap {g:+.2f}, Â/A {token_adv[j, t] / adv[j] if adv[j] else 1:.2f}' "
+                                f"style='background:rgba({rgb},{alpha:.2f})'>{html.escape(piece)}</span>")
+                else:
+                    text.append(piece)
+                    page.append(html.escape(piece))
+            print(printable("".join(text)))
+            pages.append("".join(page) + "</p>")
+    with open(html_path, "w", encoding="utf-8", errors="backslashreplace") as f:
+        f.write("<html><meta charset='utf-8'><body style='font-family:monospace;white-space:pre-wrap'>"
+                "<h3>Teacher-student gap per action token (green: teacher more likely; hover for values)</h3>"
+                + "\n".join(pages) + "</body></html>")
+    print(f"\nwrote {html_path}")

@@ -16,7 +16,6 @@ question starts from) and 120 `ood` ones (3 hops); the headline ``macro`` is the
 warm-up and are compared paired, seed by seed, against the GRPO runs.
 """
 import argparse
-import html
 import json
 import math
 import os
@@ -29,6 +28,7 @@ from tqdm import tqdm
 
 import credit
 import model as M
+import runs
 import search_env as se
 import toy_world as tw
 
@@ -37,7 +37,6 @@ HOPS = (1, 2, 3)             # 1 and 2 hops in `test`, 3 in `ood`
 MACRO_HOPS = (1, 2)          # the headline: ood (3 hops) stays near 0 for every run
 EVAL_WORLDS = 9              # ~1,090 test and 1,080 ood questions; one world's ~121 give EM ± 0.09
 CREDIT_QUESTIONS = 64        # held-out questions sampled GROUP_SIZE times for --credit
-VALIDATION_WORLDS = 1000     # seeds EVAL_SEED - 1000 .. EVAL_SEED - 1: validation, never trained on
 
 
 # ----------------------------------------------------------------------------- held-out questions
@@ -62,14 +61,21 @@ def greedy_rewards(lm, tokenizer, cfg, world, questions, device=None, dtype=torc
     return r.rewards
 
 
-def heldout_em(lm, tokenizer, cfg, n=100, splits=SPLITS, device=None, dtype=torch.float32):
-    """Greedy EM per split of the first held-out world, and their mean: the learning curve's
-    quick check during training (``EVAL_QUESTIONS`` per split)."""
-    out = {}
-    for split in splits:
+def heldout_em(lm, tokenizer, cfg, n=100, device=None, dtype=torch.float32):
+    """The quick check during training: greedy EM on ``n`` questions of each split of the first
+    held-out world, per split and per number of hops, and the macro, the mean of 1- and 2-hop EM
+    as in the held-out table (None when the sample lacks one of them)."""
+    out, by_hops = {}, {h: [] for h in HOPS}
+    for split in SPLITS:
         world, qs = heldout_questions(cfg, split, n)
-        out[split] = round(greedy_rewards(lm, tokenizer, cfg, world, qs, device, dtype).mean().item(), 4)
-    out["macro"] = round(sum(out[s] for s in splits) / len(splits), 4)
+        rewards = greedy_rewards(lm, tokenizer, cfg, world, qs, device, dtype).tolist()
+        out[split] = round(sum(rewards) / len(rewards), 4)
+        for q, r in zip(qs, rewards):
+            by_hops[q.hops].append(r)
+    for h in HOPS:
+        out[f"hop{h}"] = round(sum(by_hops[h]) / len(by_hops[h]), 4) if by_hops[h] else None
+    ems = [out[f"hop{h}"] for h in MACRO_HOPS]
+    out["macro"] = None if None in ems else round(sum(ems) / len(ems), 4)
     return out
 
 
@@ -125,52 +131,6 @@ def t_interval(values):
 
 
 # ----------------------------------------------------------------------------- runs
-def checkpoints(out_dir):
-    """A run's ``ckpt-NNNNNN`` directories, oldest first. The ``.tmp`` and ``.old`` leftovers of
-    an interrupted save are not checkpoints."""
-    names = [n for n in os.listdir(out_dir) if re.fullmatch(r"ckpt-\d+", n)] if os.path.isdir(out_dir) else []
-    return [os.path.join(out_dir, n) for n in sorted(names, key=lambda n: int(n[5:]))]
-
-
-def load_checkpoint(out_dir):
-    """(path, model, tokenizer, training state) of the newest readable checkpoint, or None.
-
-    One whose weights, tokenizer or state.pt are missing or damaged is reported by name, and
-    the one before it is tried (train.py keeps two)."""
-    for path in reversed(checkpoints(out_dir)):
-        try:
-            lm, tok = M.load_model(path, local_files_only=True)
-            state = torch.load(os.path.join(path, "state.pt"), weights_only=False)
-            missing = [k for k in ("step", "bad_steps", "optimizer", "rng", "config") if k not in state]
-            if missing:
-                raise KeyError(f"state.pt has no {', '.join(missing)}")
-            return path, lm, tok, state
-        # A damaged file fails in many ways (OSError, a zip, pickle or safetensors error, ...):
-        # any of them means this checkpoint cannot be used.
-        except Exception as e:
-            why = (str(e).strip().splitlines() or [""])[0]
-            print(f"warning: checkpoint {path} is unreadable ({type(e).__name__}: {why}); "
-                  "trying an older one", file=sys.stderr)
-    return None
-
-
-def load_run(run_dir, with_path=False):
-    """(model, tokenizer, config, warm-up checkpoint path) of a run's newest readable checkpoint,
-    or of a checkpoint directory itself (a ``ckpt-*`` or a warm-up ``sft-*``); ``with_path``
-    appends the path of the checkpoint read."""
-    path = run_dir
-    if os.path.exists(os.path.join(run_dir, "state.pt")):
-        lm, tok = M.load_model(run_dir, local_files_only=True)
-        state = torch.load(os.path.join(run_dir, "state.pt"), weights_only=False)
-    else:
-        found = load_checkpoint(run_dir)
-        if found is None:
-            raise SystemExit(f"{run_dir}: no readable checkpoint (ckpt-*) found; has it trained?")
-        path, lm, tok, state = found
-    out = lm.eval(), tok, state["config"], state.get("sft_path")
-    return out + (path,) if with_path else out
-
-
 def cached_em(checkpoint, lm, tok, cfg, worlds):
     """``heldout_by_hops``, kept in the checkpoint's ``heldout-em.json`` per (worlds, EVAL_SEED):
     a checkpoint never changes, so a long protocol evaluates each model once (delete the file
@@ -185,29 +145,6 @@ def cached_em(checkpoint, lm, tok, cfg, worlds):
     return cache[key]
 
 
-def read_metrics(run_dir):
-    """The rows of a run's metrics.jsonl. A line that is not a JSON row with a step (the torn
-    last line of a run killed mid-write) is dropped with a one-line warning; the rest are kept."""
-    path = os.path.join(run_dir, "metrics.jsonl")
-    if not os.path.exists(path):
-        return []
-    rows, bad = [], []
-    with open(path, encoding="utf-8", errors="replace") as f:
-        for n, line in enumerate(f, 1):
-            try:
-                row = json.loads(line)
-            except ValueError:
-                row = None
-            if isinstance(row, dict) and isinstance(row.get("step"), int):
-                rows.append(row)
-            elif line.strip():
-                bad.append(n)
-    if bad:
-        print(f"warning: {path}: dropped {len(bad)} unreadable line(s), the first is line {bad[0]} "
-              "(a write cut short leaves one)", file=sys.stderr)
-    return rows
-
-
 def group_name(run_dir):
     return re.sub(r"-s\d+$", "", os.path.basename(os.path.normpath(run_dir)))
 
@@ -216,12 +153,12 @@ def run_summary(run_dir, worlds, warmup_em=None):
     """One row per run. ``warmup_em`` maps warm-up paths to their macro EM: the GRPO and EviSD
     runs of one seed share a warm-up, so pass one dict for all runs to evaluate it once."""
     warmup_em = {} if warmup_em is None else warmup_em
-    lm, tok, cfg, sft_path, checkpoint = load_run(run_dir, with_path=True)
+    lm, tok, cfg, sft_path, checkpoint = runs.load_run(run_dir, with_path=True)
     em = cached_em(checkpoint, lm, tok, cfg, worlds)
     if sft_path and os.path.isdir(sft_path) and sft_path not in warmup_em:
         warmup = M.load_model(sft_path, local_files_only=True)[0].eval()
         warmup_em[sft_path] = cached_em(sft_path, warmup, tok, cfg, worlds).get("macro")
-    steps = [m for m in read_metrics(run_dir) if not m.get("eval")]
+    steps = [m for m in runs.read_metrics(run_dir) if not m.get("eval")]
     last = steps[-max(1, len(steps) // 5):] if steps else []   # the last fifth of training
 
     def mean(key):
@@ -243,7 +180,7 @@ def _num(v, spec=".3f"):
 def runs_table(rows):
     """One line per run: EM per hop with its 95% interval, the macro and the warm-up's."""
     lines = ["| run | seed | " + " | ".join(f"{h}-hop EM [95%]" for h in HOPS) + " | macro [95%] | warm-up macro |",
-             "|---" * (len(HOPS) + 5) + "|"]
+             "|---" * (len(HOPS) + 4) + "|"]
     for r in rows:
         cells = [f"{_num(r[f'hop{h}'])} [{_num(r[f'hop{h}_ci'][0])}, {_num(r[f'hop{h}_ci'][1])}] (n={r[f'hop{h}_n']})"
                  for h in HOPS]
@@ -338,7 +275,7 @@ def plot_curves(run_dirs, path):
     fig, axes = plt.subplots(2, 3, figsize=(16, 7.5))
     axes = axes.ravel()
     for run_index, run in enumerate(run_dirs):      # one colour per run in every panel
-        rows = read_metrics(run)
+        rows = runs.read_metrics(run)
         for ax, (key, title) in zip(axes, panels):
             pts = [(m["step"], m[key]) for m in rows if m.get(key) is not None]
             if key.startswith(("reward", "label_")) and len(pts) > 10:   # smooth the noisy per-step shares
@@ -353,63 +290,6 @@ def plot_curves(run_dirs, path):
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     return path
-
-
-def printable(text):
-    """``text`` as stdout can encode it: a lone surrogate or a character the terminal lacks
-    becomes a backslash escape, so no model output can crash a print."""
-    encoding = getattr(sys.stdout, "encoding", None) or "utf-8"
-    return text.encode(encoding, "backslashreplace").decode(encoding)
-
-
-def show_episodes(run_dir, k, html_path):
-    """Sample K groups, score them with the teacher, print each action token's gap."""
-    import evisd
-    import grpo
-    lm, tok, cfg, _ = load_run(run_dir)
-    world, qs = heldout_questions(cfg, "test", k)
-    torch.manual_seed(0)
-    env = lambda q: se.SearchEnv(world, q, max_turns=cfg["MAX_TURNS"], top_k=cfg["TOP_K"])
-    r = M.rollout(lm, tok, env, qs, group_size=4, max_turns=cfg["MAX_TURNS"],
-                  max_new_tokens=cfg["MAX_NEW_TOKENS"], temperature=cfg["TEMPERATURE"])
-    adv = grpo.group_advantages(r.rewards, 4)
-    # The gap as training computes it (the run's placement and temperature), but for every
-    # episode, even those with A = 0 that training never re-scores.
-    with torch.no_grad():
-        lp_s = M.token_logprobs(lm, r.input_ids, r.attention_mask, r.gen_mask, temperature=cfg["TEMPERATURE"])
-    token_adv, _, lp_t = evisd.step_advantages(lm, tok, cfg, world, r, adv, lp_s, rows=range(len(r.questions)))
-    tty = sys.stdout.isatty()
-    pages = []
-    for i in range(0, len(qs) * 4, 4):
-        for j in (i, i + 1):   # two samples of each question
-            n = int(r.attention_mask[j].sum())
-            p = int(r.prompt_len[j])
-            head = f"Q: {r.questions[j].question}  gold={r.questions[j].answers[0]}  reward={r.rewards[j]:.0f}  A={adv[j]:+.2f}"
-            print("\n" + printable(head))
-            text, page = [], [f"<p><b>{html.escape(head)}</b><br>"]
-            for t in range(p, n):
-                piece = tok.decode([int(r.input_ids[j, t])])
-                if r.info_mask[j, t]:
-                    text.append("\x1b[2m" + piece + "\x1b[0m" if tty else piece)
-                    page.append(f"<span style='color:#999'>{html.escape(piece)}</span>")
-                elif r.action_kind[j, t]:
-                    g = (lp_t[j, t] - lp_s[j, t]).item()
-                    colour = "32" if g > 0 else "31"
-                    text.append(f"\x1b[{colour}m{piece}\x1b[0m[{g:+.1f}]" if tty else f"{piece}[{g:+.1f}]")
-                    alpha = min(abs(g) / 2, 1)
-                    rgb = "0,160,0" if g > 0 else "200,0,0"
-                    page.append(f"<span title='gap {g:+.2f}, Â/A {token_adv[j, t] / adv[j] if adv[j] else 1:.2f}' "
-                                f"style='background:rgba({rgb},{alpha:.2f})'>{html.escape(piece)}</span>")
-                else:
-                    text.append(piece)
-                    page.append(html.escape(piece))
-            print(printable("".join(text)))
-            pages.append("".join(page) + "</p>")
-    with open(html_path, "w", encoding="utf-8", errors="backslashreplace") as f:
-        f.write("<html><meta charset='utf-8'><body style='font-family:monospace;white-space:pre-wrap'>"
-                "<h3>Teacher-student gap per action token (green: teacher more likely; hover for values)</h3>"
-                + "\n".join(pages) + "</body></html>")
-    print(f"\nwrote {html_path}")
 
 
 def main(argv):
@@ -435,12 +315,14 @@ def main(argv):
     if args.worlds < 1 or args.credit < 0:
         raise SystemExit(f"--worlds must be >= 1 and --credit >= 0, got {args.worlds} and {args.credit}")
     if args.show:
-        show_episodes(args.runs[0], args.show, os.path.join(args.runs[0], "episodes.html"))
+        lm, tok, cfg, _ = runs.load_run(args.runs[0])
+        world, qs = heldout_questions(cfg, "test", args.show)
+        credit.show_episodes(lm, tok, cfg, world, qs, os.path.join(args.runs[0], "episodes.html"))
         return
     if args.credit:
         cards = {}
         for run in args.runs:
-            lm, tok, cfg, _ = load_run(run)
+            lm, tok, cfg, _ = runs.load_run(run)
             sets = credit_sets(cfg, args.credit, args.validation)
             with tqdm(total=args.credit, desc=f"credit {run}", dynamic_ncols=True) as bar:
                 cards[run] = credit.report(lm, tok, cfg, sets, progress=bar.update,

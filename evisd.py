@@ -241,9 +241,15 @@ def decision_tags(rollouts, tokenizer):
 
 
 def step_advantages(model, tokenizer, cfg, world, rollouts, adv, logp_student, rows=None):
-    """What one EviSD training step computes from train.py's constants ``cfg``: the teacher's
-    log-probs on the episodes in ``rows`` (by default those with A != 0: A = 0 gives Â = 0
-    whatever the teacher says), then Â. Returns (token_adv [N, T], stats, logp_teacher [N, T])."""
+    """The token advantages one training step computes from train.py's constants ``cfg``, the one
+    function training, the report card (credit.py) and the preview (evaluate.py --show) call.
+    GRPO: Â = A on every generated token, no teacher. EviSD: the teacher's log-probs on the
+    episodes in ``rows`` (by default those with A != 0: A = 0 gives Â = 0 whatever the teacher
+    says), then Â. Returns (token_adv [N, T], stats, logp_teacher [N, T]); where no teacher
+    scored, logp_teacher is the student's (a zero gap)."""
+    if cfg["METHOD"] == "grpo":
+        gen = rollouts.gen_mask.to(adv.device)
+        return adv[:, None] * gen, {}, logp_student.detach().float()
     privilege = Privilege.from_config(cfg)
     rows = adv.nonzero().squeeze(1).tolist() if rows is None else rows
     lp_teacher = teacher_scores(model, rollouts, world, tokenizer, logp_student, rows, privilege,

@@ -3,9 +3,8 @@
 * ``build_tokenizer(texts)`` trains a small byte-level BPE on the toy world's text, so common
   words are whole tokens, names split into syllable-sized pieces, nothing is ever ``<unk>``,
   and every protocol tag is one token.
-* ``build_model(tokenizer, size)`` makes a randomly initialised Qwen2 causal LM; ``load_model``
-  loads any local HF directory or hub name (with a clear error when offline). A pretrained
-  tokenizer is never given new tokens: its tags stay ordinary text, several tokens each.
+* ``build_model(tokenizer, size)`` makes a random Qwen2 causal LM; ``load_model`` loads an HF
+  directory or hub name, never adding tokens: a pretrained tokenizer's tags stay plain text.
 * ``rollout`` plays ``len(questions) * group_size`` search episodes as one batch per turn with
   HF ``generate`` (KV cache), stopping each sequence at the strings ``</search>``/``</answer>``
   or eos. Turns are cut and action spans found from character offsets in the decoded text,
@@ -16,6 +15,8 @@
 import bisect
 import inspect
 import os
+import socket
+import urllib.parse
 from dataclasses import dataclass
 
 import torch
@@ -74,11 +75,8 @@ def build_tokenizer(texts, vocab_size=768):
 
 def token_at(tokenizer, ids, char):
     """Index of the token of ``ids`` whose text covers character ``char`` of ``decode(ids)``:
-    the first j with ``len(decode(ids[:j + 1])) > char``, found by bisection.
-
-    Prefixes are decoded rather than single tokens because a byte-level token may hold part of
-    a multi-byte character, which decodes on its own to a replacement character.
-    """
+    the first j with ``len(decode(ids[:j + 1])) > char``, found by bisection. Prefixes are
+    decoded, not single tokens: a byte-level token may hold part of a multi-byte character."""
     return bisect.bisect_right(range(len(ids)), char, key=lambda j: len(tokenizer.decode(ids[:j + 1])))
 
 
@@ -99,30 +97,40 @@ def build_model(tokenizer, size="tiny", seed=0):
 
 
 def load_model(name_or_path, dtype=None, local_files_only=None):
-    """(model, tokenizer) from a local HF directory or a hub name, as any HF user would load.
-
-    Offline and not cached, this raises one clear error instead of a stack of retries.
-    ``local_files_only`` defaults to the HF_HUB_OFFLINE environment variable.
-    """
+    """(model, tokenizer) from a local HF directory or a hub name: the local cache first, then
+    the hub only if it answers at all, so offline it fails at once with one clear error instead
+    of ~30 s of retries. ``local_files_only`` defaults to the HF_HUB_OFFLINE variable."""
     if local_files_only is None:
         local_files_only = os.environ.get("HF_HUB_OFFLINE", "0") not in ("", "0", "false")
     try:
-        tokenizer = AutoTokenizer.from_pretrained(name_or_path, local_files_only=local_files_only)
-        model = AutoModelForCausalLM.from_pretrained(name_or_path, dtype=dtype,
-                                                     local_files_only=local_files_only)
+        tokenizer = AutoTokenizer.from_pretrained(name_or_path, local_files_only=True)
+        model = AutoModelForCausalLM.from_pretrained(name_or_path, dtype=dtype, local_files_only=True)
     except OSError as e:
         if os.path.isdir(name_or_path):
             raise
-        raise RuntimeError(
-            f"could not load model {name_or_path!r}: it is not a local directory and the "
-            "Hugging Face hub cannot be reached (or has no such model). Download it on a machine "
-            "with internet access and pass its directory, or use the embedded default with "
-            f"MODEL='tiny'. (cause: {type(e).__name__}: {str(e).splitlines()[0]})") from None
+        if local_files_only or not _hub_answers():
+            raise RuntimeError(
+                f"could not load model {name_or_path!r}: it is not a local directory, not in the local "
+                "cache, and the Hugging Face hub cannot be reached. Download it on a machine with "
+                "internet access and pass its directory, or use the embedded default with "
+                f"MODEL='tiny'. (cause: {type(e).__name__}: {str(e).splitlines()[0]})") from None
+        tokenizer = AutoTokenizer.from_pretrained(name_or_path)
+        model = AutoModelForCausalLM.from_pretrained(name_or_path, dtype=dtype)
     # Tags stay ordinary text (Search-R1's practice): new tokens would be embeddings the
     # pretrained model has never trained. Only a pad token is needed, and eos serves.
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
     return model, tokenizer
+
+
+def _hub_answers(timeout=3.0):
+    """Whether the Hugging Face hub (or HF_ENDPOINT) accepts a connection within ``timeout`` s."""
+    host = urllib.parse.urlparse(os.environ.get("HF_ENDPOINT", "https://huggingface.co")).hostname
+    try:
+        socket.create_connection((host, 443), timeout=timeout).close()
+        return True
+    except OSError:
+        return False
 
 
 def autocast(device, dtype):
@@ -253,20 +261,15 @@ def rollout(model, tokenizer, env_factory, questions, group_size=1, max_turns=4,
             max_new_tokens=64, temperature=1.0, greedy=False):
     """Play ``len(questions) * group_size`` episodes, one batched ``generate`` per turn.
 
-    Generation stops per sequence at the stop strings ``</search>``, ``</answer>`` or at eos;
-    each turn is cut after the token that completes the stop string, its text goes to its env
-    and the observation's token ids are appended. The sampled token ids are kept, never
-    re-encoded from text, so the log-probs are those of the tokens that were sampled, whether
-    a tag is one token or several. One KV cache lives across turns, so a turn prefills only
-    what is new (the last sampled token and the observation): the batch keeps every column,
-    and the tokens a sequence would have written after its stop, and the left padding of each
-    observation, stay in it as masked-out holes. That is safe because generate derives position
-    ids from the mask's cumulative sum, so a sequence sees the same positions as its
-    right-padded transcript in the training forward. Finished episodes leave the batch (and
-    the cache).
-
-    The old-policy log-probs are not returned: with one sampled batch per update they come for
-    free from the first PPO epoch's forward pass (see train.py).
+    Each sequence stops at ``</search>``, ``</answer>`` or eos; its turn is cut after the token
+    that completes the stop string, the text goes to its env, and the observation's ids are
+    appended. Sampled ids are kept, never re-encoded, so the log-probs are those of the tokens
+    sampled. One KV cache lives across turns, so a turn prefills only what is new: the tokens a
+    sequence would have written after its stop, and each observation's left padding, stay in
+    the batch as masked holes. That is safe because generate takes position ids from the mask's
+    running sum, so a sequence sees the positions of its right-padded transcript in training.
+    Finished episodes leave the batch and the cache. No old-policy log-probs: with one batch per
+    update they come free from the first PPO epoch's forward (train.py).
     """
     device = next(model.parameters()).device
     pad_id = tokenizer.pad_token_id

@@ -340,13 +340,12 @@ def probe_memory(shape, checkpointing, dry, path):
     import torch
     from transformers import Qwen2Config, Qwen2ForCausalLM
     import model as M
+    import runs
     import toy_world as tw
     import train
-    defaults = {k: getattr(train, k) for k in train.CONFIG_KEYS}
     preset = os.path.join(ROOT, "config", "qwen2.5-0.5b-instruct.py")
-    cfg, _, _ = train.parse_overrides([preset, f"--DEVICE={'cpu' if dry else 'cuda'}"] + (DRY_ROLLOUT if dry else []),
-                                      defaults)
-    device, dtype = train.pick_device(cfg)
+    cfg, _, _ = train.configure([preset, f"--DEVICE={'cpu' if dry else 'cuda'}"] + (DRY_ROLLOUT if dry else []))
+    device, dtype = runs.pick_device(cfg)
     prompt_tokens, observation_tokens = (20, 20) if dry else (PROMPT_TOKENS, OBSERVATION_TOKENS)
     tok = M.build_tokenizer(M.tokenizer_texts(seeds=(0,)))
     world = tw.make_world(0)

@@ -9,6 +9,7 @@ import torch
 import evisd
 import grpo
 import model as M
+import runs
 import search_env as se
 import train
 from bench import expert_rollouts
@@ -18,7 +19,7 @@ from test_model import _check_masks, tok, trained, world  # noqa: F401 (fixtures
 device = torch.device(DEVICE)
 # The dtype train.py computes in on this device (bf16 autocast on CUDA), and how far its
 # log-probs may sit from the CPU's float32 ones: bf16 keeps 8 mantissa bits (0.4%).
-_, dtype = train.pick_device({"DEVICE": DEVICE, "DTYPE": "auto"})
+_, dtype = runs.pick_device({"DEVICE": DEVICE, "DTYPE": "auto"})
 LOGP_ATOL = 1e-5 if dtype == torch.float32 else 0.05
 
 

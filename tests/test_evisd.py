@@ -267,7 +267,7 @@ def test_step_advantages_is_teacher_scores_then_the_correction(setup):
     adv = torch.tensor([1.0, -1.0, 0.0, 0.0])        # the last two: A = 0, never re-scored
     with torch.no_grad():
         lp_s = M.token_logprobs(lm, r.input_ids, r.attention_mask, r.gen_mask)
-    cfg = dict(USE_SEARCH_EVIDENCE=True, USE_ANSWER_PRIVILEGE=True, EVIDENCE_AT="every",
+    cfg = dict(METHOD="evisd", USE_SEARCH_EVIDENCE=True, USE_ANSWER_PRIVILEGE=True, EVIDENCE_AT="every",
                ANSWER_AT="content", EVISD_SPAN="content", EVISD_EPS=0.5, EVISD_TAU=0.0,
                BOUNDED=True, TEMPERATURE=1.0)
     token_adv, _, lp_t = evisd.step_advantages(lm, tok, cfg, world, r, adv, lp_s)
@@ -280,3 +280,6 @@ def test_step_advantages_is_teacher_scores_then_the_correction(setup):
     assert torch.allclose(token_adv, expected)
     assert torch.equal(token_adv[tags], adv[:, None].expand_as(token_adv)[tags])   # the tags keep A
     assert not torch.equal(token_adv[:2], adv[:2, None] * r.gen_mask[:2])          # the rest moved
+    # GRPO through the same function: A on every generated token, and no teacher.
+    grpo_adv, stats, lp_g = evisd.step_advantages(lm, tok, dict(cfg, METHOD="grpo"), world, r, adv, lp_s)
+    assert torch.equal(grpo_adv, adv[:, None] * r.gen_mask) and stats == {} and torch.equal(lp_g, lp_s)

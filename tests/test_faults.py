@@ -12,6 +12,7 @@ import time
 import pytest
 
 import evaluate
+import runs
 import train
 from test_train import TINY, rows, strip_timing
 
@@ -46,7 +47,7 @@ def test_unreadable_metrics_lines_are_dropped_with_a_warning(run_copy, capsys):
     lines = open(log).readlines()
     with open(log, "w") as f:   # a stray line in the middle, and a last line cut mid-write
         f.writelines([lines[0], "not json\n", lines[1], lines[1][:25]])
-    assert evaluate.read_metrics(out) == before
+    assert runs.read_metrics(out) == before
     assert "dropped 2 unreadable line(s), the first is line 2" in capsys.readouterr().err
     train.main(args + ["--resume"])     # nothing left to train: it reads and rewrites the log
     assert rows(out) == before
@@ -72,7 +73,7 @@ def test_unreadable_latest_checkpoint_falls_back_to_the_one_before(run_copy, cap
     assert f"checkpoint {out}/ckpt-000002 is unreadable (OSError" in captured.err
     assert f"resumed from {out}/ckpt-000001 at step 1" in captured.out
     assert strip_timing(rows(out)) == strip_timing(before)   # step 1 again, the same metrics
-    assert evaluate.load_checkpoint(out)[0] == os.path.join(out, "ckpt-000002")   # rewritten whole
+    assert runs.load_checkpoint(out)[0] == os.path.join(out, "ckpt-000002")   # rewritten whole
 
 
 @pytest.mark.parametrize("damage", ["weights gone", "weights garbled", "state.pt cut short",
@@ -94,7 +95,7 @@ def test_every_kind_of_damage_makes_a_checkpoint_unreadable(run_copy, capsys, da
         s = train.torch.load(state, weights_only=False)
         del s["optimizer"]
         train.torch.save(s, state)
-    path, _, _, loaded = evaluate.load_checkpoint(out)
+    path, _, _, loaded = runs.load_checkpoint(out)
     assert path == os.path.join(out, "ckpt-000001") and loaded["step"] == 1
     assert f"checkpoint {ckpt} is unreadable" in capsys.readouterr().err
 
@@ -150,30 +151,30 @@ def test_sigterm_saves_and_exits_like_ctrl_c(finished, tmp_path):
                             cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
     try:
         deadline = time.monotonic() + 120
-        while not evaluate.read_metrics(out):   # the first RL step is logged
+        while not runs.read_metrics(out):   # the first RL step is logged
             assert proc.poll() is None, open(tmp_path / "output.txt").read()
             assert time.monotonic() < deadline, "no RL step logged within 120 s"
             time.sleep(0.2)
         proc.send_signal(signal.SIGTERM)
-        assert proc.wait(timeout=120) == 0, open(tmp_path / "output.txt").read()
+        assert proc.wait(timeout=120) == 128 + signal.SIGTERM, open(tmp_path / "output.txt").read()
     finally:
         proc.kill()
     steps = len(rows(out))
     assert f"interrupted: saving step {steps}" in open(tmp_path / "output.txt").read()
-    path, _, _, state = evaluate.load_checkpoint(str(out))
+    path, _, _, state = runs.load_checkpoint(str(out))
     assert path == str(out / f"ckpt-{steps:06d}") and state["step"] == steps
 
 
 def test_model_output_that_is_not_unicode_is_invalid_and_printable(run_copy, monkeypatch, capsys):
     out, _ = run_copy
-    load_run = evaluate.load_run
+    load_run = runs.load_run
 
     def load_run_writing_surrogates(run_dir):   # a model whose every piece ends in a lone surrogate
         lm, tok, cfg, sft_path = load_run(run_dir)
         decode = tok.decode
         tok.decode = lambda ids, **kw: decode(ids, **kw) + "\udcff"
         return lm, tok, cfg, sft_path
-    monkeypatch.setattr(evaluate, "load_run", load_run_writing_surrogates)
+    monkeypatch.setattr(runs, "load_run", load_run_writing_surrogates)
     evaluate.main([out, "--show", "1"])
     printed = capsys.readouterr().out
     assert "\\udcff" in printed and "reward=0" in printed and "reward=1" not in printed

@@ -1,4 +1,6 @@
 """Tests for model.py: tokenizer, checkpoints, log-probs, rollouts and their masks."""
+import time
+
 import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, LogitsProcessor, LogitsProcessorList
@@ -251,6 +253,17 @@ def test_missing_hub_model_gives_clear_error(monkeypatch, tmp_path):
     monkeypatch.setenv("HF_HOME", str(tmp_path))
     with pytest.raises(RuntimeError, match="cannot be reached.*MODEL='tiny'"):
         M.load_model("no-such-org/no-such-model-xyz", local_files_only=True)  # no network
+
+
+def test_an_unreachable_hub_fails_at_once(monkeypatch, tmp_path):
+    """Not a directory, not cached, and the hub does not answer: one clear error, no retries."""
+    monkeypatch.setenv("HF_HOME", str(tmp_path))
+    monkeypatch.setenv("HF_ENDPOINT", "https://hub.invalid")     # a name that never resolves
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    started = time.monotonic()
+    with pytest.raises(RuntimeError, match="not in the local cache, and the Hugging Face hub cannot be reached"):
+        M.load_model("no-such-org/no-such-model-xyz")
+    assert time.monotonic() - started < 10
 
 
 def test_build_model_rejects_unknown_size(tok):

@@ -16,7 +16,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 TINY = ["--WORLD_SCALE=0.15", "--SFT_STEPS=4", "--SFT_BATCH=4", "--RL_STEPS=4",
         "--QUESTIONS_PER_STEP=2", "--GROUP_SIZE=2", "--MAX_NEW_TOKENS=12", "--MAX_TURNS=2",
         "--EVAL_QUESTIONS=3", "--EVAL_EVERY=2", "--CKPT_EVERY=2", "--PPO_EPOCHS=2", f"--DEVICE={DEVICE}"]
-DEFAULTS = {k: getattr(train, k) for k in train.CONFIG_KEYS}
+DEFAULTS = train.DEFAULTS
 TIMING = ("step_s", "rollout_s", "teacher_s")
 
 
@@ -41,39 +41,70 @@ def strip_timing(rs):
     ("--LR=fast", "expected float"),
     ("--BOUNDED=1", "expected bool"),
     ("--DEVICE=tpu", "allowed values are auto, cpu, cuda"),
-    ("--GROUP_SIZE=1", "GROUP_SIZE must be >= 2"),
+    ("--GROUP_SIZE=1", "GROUP_SIZE=1: allowed values are >= 2"),
+    # Every number's range, before any work starts (each of these once ran minutes, or crashed).
+    ("--TOP_K=0", "^TOP_K=0: allowed values are >= 1$"),
+    ("--MAX_TURNS=0", "^MAX_TURNS=0: allowed values are >= 1$"),
+    ("--SFT_BATCH=0", "^SFT_BATCH=0: allowed values are >= 1$"),
+    ("--QUESTIONS_PER_STEP=0", "^QUESTIONS_PER_STEP=0: allowed values are >= 1$"),
+    ("--TEMPERATURE=0", "^TEMPERATURE=0.0: allowed values are > 0$"),
+    ("--MAX_NEW_TOKENS=0", "^MAX_NEW_TOKENS=0: allowed values are >= 1$"),
+    ("--EVISD_EPS=1.5", "^EVISD_EPS=1.5: allowed values are > 0 and <= 1$"),
+    ("--LR=-0.5", r"^LR=-0.5: allowed values are > 0 \(or -1: auto\)$"),
+    ("--SFT_NOISE=2", "^SFT_NOISE=2.0: allowed values are from 0 to 1$"),
+    ("--SEED=-1", "^SEED=-1: allowed values are >= 0$"),
     ("RL_STEPS=3", "use --NAME=value"),
     ("--resume --overwrite", "--resume continues the run in OUT_DIR and --overwrite deletes it"),
     ("config/no-such-preset.py", "no config file"),
 ])
 def test_override_errors(arg, message):
     with pytest.raises(SystemExit, match=message):
-        train.parse_overrides(arg.split(), DEFAULTS)
+        train.configure(arg.split())
+
+
+def test_an_empty_model_directory_is_named_before_any_work(tmp_path):
+    with pytest.raises(SystemExit, match="has no config.json, so it is not a Hugging Face model directory"):
+        train.configure([f"--MODEL={tmp_path}"])
+
+
+def test_validation_worlds_is_a_setting():
+    cfg, _, _ = train.configure(["--VALIDATION_WORLDS=5"])
+    assert cfg["VALIDATION_WORLDS"] == 5 and train.DEFAULTS["VALIDATION_WORLDS"] == 1000
+    with pytest.raises(SystemExit, match="seeds 999000 and up"):   # training stays below them
+        train.configure(["--SEED=9", "--RL_STEPS=99999"])
+
+
+def test_presets_do_not_repeat_each_other():
+    presets = glob.glob(os.path.join(os.path.dirname(train.__file__), "config", "*.py"))
+    lines = [{l for l in open(p) if "=" in l and not l.startswith(("OUT_DIR", "MODEL"))} for p in presets]
+    for i, a in enumerate(lines):
+        for b in lines[i + 1:]:
+            assert len(a & b) <= 2, a & b
 
 
 def test_overrides_parse_types():
-    cfg, resume, overwrite = train.parse_overrides(["--LR=1", "--METHOD=grpo", "--BOUNDED=False",
-                                                    "--resume", "--OUT_DIR=out/x"], DEFAULTS)
+    cfg, resume, overwrite = train.configure(["--LR=1", "--METHOD=grpo", "--BOUNDED=False", "--resume",
+                                               "--OUT_DIR=out/x"])
     assert cfg["LR"] == 1.0 and isinstance(cfg["LR"], float)
     assert cfg["METHOD"] == "grpo" and cfg["BOUNDED"] is False and resume and not overwrite
     assert cfg["OUT_DIR"] == "out/x" and cfg["SEED"] == DEFAULTS["SEED"]
 
 
 def test_auto_learning_rates_depend_on_the_model():
-    embedded, _, _ = train.parse_overrides([], DEFAULTS)
+    embedded, _, _ = train.configure([])
     assert (embedded["LR"], embedded["SFT_LR"], embedded["SFT_PRIVILEGED_FRAC"]) == (2e-4, 3e-3, 0.3)
-    hf, _, _ = train.parse_overrides(["--MODEL=Qwen/Qwen2.5-0.5B-Instruct"], DEFAULTS)
+    hf, _, _ = train.configure(["--MODEL=Qwen/Qwen2.5-0.5B-Instruct"])
     assert (hf["LR"], hf["SFT_LR"], hf["SFT_PRIVILEGED_FRAC"]) == (1e-6, 1e-5, 0.0)
-    chosen, _, _ = train.parse_overrides(["--MODEL=some/model", "--LR=3e-6"], DEFAULTS)
+    chosen, _, _ = train.configure(["--MODEL=some/model", "--LR=3e-6"])
     assert chosen["LR"] == 3e-6                                   # an explicit value wins
 
 
 def test_config_file_then_overrides_in_order(tmp_path):
     path = tmp_path / "exp.py"
     path.write_text('"""An experiment."""\nMETHOD = "grpo"\nLR = 1e-5\nRL_STEPS = 3\nBOUNDED = False\n')
-    cfg, _, _ = train.parse_overrides([str(path), "--RL_STEPS=5"], DEFAULTS)
+    cfg, _, _ = train.configure([str(path), "--RL_STEPS=5"])
     assert (cfg["METHOD"], cfg["LR"], cfg["RL_STEPS"], cfg["BOUNDED"]) == ("grpo", 1e-5, 5, False)
-    cfg, _, _ = train.parse_overrides(["--RL_STEPS=5", str(path)], DEFAULTS)
+    cfg, _, _ = train.configure(["--RL_STEPS=5", str(path)])
     assert cfg["RL_STEPS"] == 3                                   # the later argument wins
 
 
@@ -93,13 +124,13 @@ def test_config_file_errors_name_file_and_line(tmp_path, text, message):
     path = tmp_path / "bad.py"
     path.write_text(text)
     with pytest.raises(SystemExit, match=message) as e:
-        train.parse_overrides([str(path)], DEFAULTS)
+        train.configure([str(path)])
     assert str(path) in str(e.value)
 
 
 @pytest.mark.parametrize("preset", sorted(glob.glob(os.path.join(os.path.dirname(train.__file__), "config", "*.py"))))
 def test_presets_parse_and_pretrained_models_get_small_rates(preset):
-    cfg, _, _ = train.parse_overrides([preset], DEFAULTS)
+    cfg, _, _ = train.configure([preset])
     if cfg["MODEL"] not in train.M.SIZES:
         assert cfg["LR"] <= 1e-5 and cfg["SFT_LR"] <= 1e-5 and cfg["SFT_STEPS"] == 0
 
@@ -145,10 +176,28 @@ def test_smoke_run_resume_and_evaluate(tmp_path):
     assert "gap" in open(os.path.join(full, "episodes.html")).read()
 
 
-def test_grpo_method_logs_no_modulation(tmp_path):
+def test_grpo_method_logs_no_modulation(tmp_path, capsys):
     out = run(tmp_path, "grpo", "--METHOD=grpo", "--RL_STEPS=1", "--EVAL_EVERY=0", "--PPO_EPOCHS=1")
     (r,) = rows(out)
     assert "modulated_frac" not in r and r["teacher_s"] == 0.0 and r["ratio"] == pytest.approx(1.0)
+    # The run says where it was saved and how to evaluate it.
+    assert f"saved {out}/ckpt-000001 after 1 RL steps; evaluate it: python evaluate.py {out}" in capsys.readouterr().out
+
+
+def test_quick_check_macro_is_the_mean_of_one_and_two_hop_em():
+    """One word, one meaning: the quick check's macro is the held-out table's (1- and 2-hop)."""
+    cfg = dict(DEFAULTS, WORLD_SCALE=0.3, MAX_TURNS=2, MAX_NEW_TOKENS=8)
+    tok = train.M.build_tokenizer(train.M.tokenizer_texts(seeds=(0,)))
+    em = evaluate.heldout_em(train.M.build_model(tok, "tiny"), tok, cfg, n=30)
+    assert set(em) == {"test", "ood", "hop1", "hop2", "hop3", "macro"}
+    assert em["hop3"] == em["ood"] and em["macro"] == pytest.approx((em["hop1"] + em["hop2"]) / 2, abs=1e-4)
+
+
+def test_runs_table_rows_have_as_many_cells_as_its_header():
+    row = {"run": "r", "seed": 0, "warmup_macro": 0.1, "macro": 0.2, "macro_ci": [0.1, 0.3],
+           **{f"hop{h}{k}": v for h in evaluate.HOPS for k, v in (("", 0.5), ("_ci", [0.4, 0.6]), ("_n", 10))}}
+    lines = evaluate.runs_table([row]).splitlines()
+    assert len({line.count("|") for line in lines}) == 1
 
 
 def test_warmup_demonstrator_has_its_habits_only_when_asked():

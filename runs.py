@@ -1,0 +1,392 @@
+"""Run plumbing, so that train.py can be the loop: the config (``--NAME=value`` overrides and
+preset files, checked against a schema the caller hands in), the device, seeds, the run
+directory, checkpoints written atomically, rotated and read back, resume checks, and the
+metrics log. Used by train.py, evaluate.py, bench.py and docs/gpu_check.py.
+
+A checkpoint is a plain Hugging Face directory (model and tokenizer) with ``state.pt`` beside
+them (optimizer, step, config, RNG states); a run directory holds ``ckpt-NNNNNN`` checkpoints
+(the last two), ``metrics.jsonl`` (one JSON row per step or evaluation) and ``config.json``.
+"""
+import ast
+import json
+import os
+import random
+import re
+import shutil
+import signal
+import sys
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+import model as M
+
+
+# ----------------------------------------------------------------------------- the config
+def at_least(low):
+    return (lambda v: v >= low), f">= {low}"
+
+
+def above(low):
+    return (lambda v: v > low), f"> {low}"
+
+
+def fraction():
+    return (lambda v: 0 <= v <= 1), "from 0 to 1"
+
+
+@dataclass
+class Schema:
+    """What a config may hold, beyond the defaults' types: ``choices`` (the allowed values of a
+    setting), ``limits`` (name -> (test, what is allowed), checked after auto values are
+    resolved) and ``auto`` (name -> (embedded model's value, HF model's value) where -1 means
+    auto)."""
+    choices: dict = field(default_factory=dict)
+    limits: dict = field(default_factory=dict)
+    auto: dict = field(default_factory=dict)
+
+
+def check_setting(name, value, text, defaults, schema, where=""):
+    """``value`` for setting ``name`` if its type is the default's (an int is fine for a float);
+    otherwise stop with a message naming the setting, what was given and what is allowed.
+    ``text`` is the value as written; ``where`` names the config file and line it came from."""
+    if name not in defaults:
+        raise SystemExit(f"{where}unknown setting {name!r}; allowed: {', '.join(sorted(defaults))}")
+    default = defaults[name]
+    if isinstance(default, float) and isinstance(value, int) and not isinstance(value, bool):
+        value = float(value)
+    if type(value) is not type(default):
+        raise SystemExit(f"{where}{name}={text!r}: expected {type(default).__name__} "
+                         f"like the default {default!r}, got {type(value).__name__}")
+    if name in schema.choices and value not in schema.choices[name]:
+        raise SystemExit(f"{where}{name}={value!r}: allowed values are {', '.join(schema.choices[name])}")
+    return value
+
+
+def read_config_file(path, defaults, schema):
+    """The settings of a preset file: ``NAME = literal`` lines (and a docstring), parsed with
+    ast and never executed, so a config file cannot run code; each checked by check_setting."""
+    if not os.path.isfile(path):
+        raise SystemExit(f"no config file {path!r}; the presets are config/*.py")
+    source = open(path).read()
+    try:
+        tree = ast.parse(source, filename=path)
+    except SyntaxError as e:
+        raise SystemExit(f"{path}, line {e.lineno}: not a valid config file: {e.msg}") from None
+    settings = {}
+    for node in tree.body:
+        where = f"{path}, line {node.lineno}: "
+        if isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant):
+            continue                                      # a docstring
+        if not (isinstance(node, ast.Assign) and len(node.targets) == 1
+                and isinstance(node.targets[0], ast.Name)):
+            raise SystemExit(f"{where}only plain assignments NAME = value are allowed, got "
+                             f"{ast.get_source_segment(source, node)!r}")
+        name, text = node.targets[0].id, ast.get_source_segment(source, node.value)
+        try:
+            value = ast.literal_eval(node.value)
+        except ValueError:
+            raise SystemExit(f"{where}{name}: the value must be a literal (a number, a quoted "
+                             f"string, True or False), got {text!r}") from None
+        settings[name] = check_setting(name, value, text, defaults, schema, where)
+    return settings
+
+
+def parse_overrides(argv, defaults, schema):
+    """Config files (``config/NAME.py``) and ``--NAME=value`` overrides, applied in order (a
+    later one wins) and type-checked against the defaults; also ``--resume`` and ``--overwrite``.
+    Auto values (-1) are resolved for the model, then every limit is checked, all before any
+    work starts. Returns (config, resume, overwrite)."""
+    config, flags = dict(defaults), set()
+    for arg in argv:
+        if arg in ("--resume", "--overwrite"):
+            flags.add(arg[2:])
+        elif arg.startswith("--") and "=" in arg:
+            name, text = arg[2:].split("=", 1)
+            try:
+                value = ast.literal_eval(text)
+            except (ValueError, SyntaxError):
+                value = text                      # a bare word: a string
+            config[name] = check_setting(name, value, text, defaults, schema)
+        elif arg.endswith(".py"):
+            config.update(read_config_file(arg, defaults, schema))
+        else:
+            raise SystemExit(f"bad argument {arg!r}: use --NAME=value, a config file "
+                             "(config/NAME.py), --resume or --overwrite")
+    if flags == {"resume", "overwrite"}:
+        raise SystemExit("--resume continues the run in OUT_DIR and --overwrite deletes it: give one")
+    embedded = config["MODEL"] in M.SIZES
+    for name, (for_embedded, for_hf) in schema.auto.items():      # -1 = auto, resolved once, here
+        if config[name] == -1:
+            config[name] = for_embedded if embedded else for_hf
+    for name, (test, allowed) in schema.limits.items():
+        if not test(config[name]):
+            raise SystemExit(f"{name}={config[name]!r}: allowed values are {allowed}"
+                             + (" (or -1: auto)" if name in schema.auto else ""))
+    device = config.get("DEVICE", "cpu")
+    if not (device in ("auto", "cpu", "cuda") or re.fullmatch(r"cuda:\d+", device)):
+        raise SystemExit(f"DEVICE={device!r}: allowed values are auto, cpu, cuda, cuda:N")
+    if not embedded and os.path.isdir(config["MODEL"]) and not os.path.exists(os.path.join(config["MODEL"], "config.json")):
+        raise SystemExit(f"MODEL={config['MODEL']!r}: this directory has no config.json, so it is not a "
+                         f"Hugging Face model directory; the embedded models are {', '.join(M.SIZES)}")
+    return config, "resume" in flags, "overwrite" in flags
+
+
+# ----------------------------------------------------------------------------- processes, device, seeds
+def setup(cfg):
+    """Processes, device and threads: (rank, world_size, device, dtype). Under torchrun each
+    process is a rank of a data-parallel group (NCCL on CUDA, gloo on the CPU)."""
+    if "RANK" in os.environ and "WORLD_SIZE" in os.environ:
+        dist.init_process_group("nccl" if torch.cuda.is_available() and cfg["DEVICE"] != "cpu" else "gloo")
+    rank, world_size = (dist.get_rank(), dist.get_world_size()) if dist.is_initialized() else (0, 1)
+    if dist.is_initialized() and rank == 0:
+        print(f"DDP: {world_size} processes, backend {dist.get_backend()}")
+    device, dtype = pick_device(cfg)
+    # The cores are split between the ranks; OMP_NUM_THREADS, when set, wins.
+    torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", 0)) or max(1, (os.cpu_count() or 1) // world_size))
+    return rank, world_size, device, dtype
+
+
+def average_over_ranks(metrics, keys, device):
+    """Replace ``metrics[k]`` for each of ``keys`` it has by its mean over the ranks, in place."""
+    keys = [k for k in keys if k in metrics]
+    vals = torch.tensor([float(metrics[k]) for k in keys], dtype=torch.float64, device=device)
+    dist.all_reduce(vals)
+    metrics.update({k: v / dist.get_world_size() for k, v in zip(keys, vals.tolist())})
+
+
+def pick_device(cfg):
+    """(device, compute dtype) from DEVICE and DTYPE; under torchrun each rank takes its GPU."""
+    if cfg["DEVICE"] == "auto":
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    else:
+        device = cfg["DEVICE"]
+    if device.startswith("cuda") and dist.is_initialized():
+        device = f"cuda:{int(os.environ.get('LOCAL_RANK', 0))}"
+    dtype = cfg["DTYPE"]
+    if dtype == "auto":
+        dtype = "bfloat16" if device.startswith("cuda") and torch.cuda.is_bf16_supported() else "float32"
+    return torch.device(device), getattr(torch, dtype)
+
+
+def seed_everything(seed):
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
+
+
+def rng_states():
+    """Every RNG the run touches, for the checkpoint (steps also reseed from SEED and the step
+    number, so resuming does not depend on these, but a checkpoint should be complete)."""
+    states = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
+    if torch.cuda.is_available():
+        states["cuda"] = torch.cuda.get_rng_state_all()
+    return states
+
+
+def set_rng_states(states):
+    random.setstate(states["python"])
+    np.random.set_state(states["numpy"])
+    torch.set_rng_state(states["torch"])
+    if "cuda" in states and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(states["cuda"])
+
+
+# ----------------------------------------------------------------------------- checkpoints
+def atomic_save(path, model, tokenizer, state):
+    """Write a checkpoint directory under a temporary name, then rename it into place."""
+    tmp = path + ".tmp"
+    shutil.rmtree(tmp, ignore_errors=True)
+    M.save_checkpoint_dir(model, tokenizer, tmp)
+    torch.save(state, os.path.join(tmp, "state.pt"))
+    old = path + ".old"
+    if os.path.exists(path):
+        os.replace(path, old)
+    os.replace(tmp, path)
+    shutil.rmtree(old, ignore_errors=True)
+
+
+def load_weights(lm, path):
+    """Copy the weights of the HF checkpoint at ``path`` into ``lm`` in place."""
+    lm.load_state_dict(M.AutoModelForCausalLM.from_pretrained(path).state_dict())
+
+
+def checkpoints(out_dir):
+    """A run's ``ckpt-NNNNNN`` directories, oldest first. The ``.tmp`` and ``.old`` leftovers of
+    an interrupted save are not checkpoints."""
+    names = [n for n in os.listdir(out_dir) if re.fullmatch(r"ckpt-\d+", n)] if os.path.isdir(out_dir) else []
+    return [os.path.join(out_dir, n) for n in sorted(names, key=lambda n: int(n[5:]))]
+
+
+def prune_checkpoints(out_dir, keep=2):
+    """Keep the newest ``keep`` checkpoints (an older one to fall back on if the newest is
+    damaged); delete older ones and the leftovers (.tmp, .old) of interrupted saves."""
+    kept = checkpoints(out_dir)[-keep:]
+    for name in os.listdir(out_dir):
+        if name.startswith("ckpt-") and os.path.join(out_dir, name) not in kept:
+            shutil.rmtree(os.path.join(out_dir, name), ignore_errors=True)
+
+
+def save_checkpoint(out_dir, step, model, tokenizer, state):
+    """``ckpt-<step>`` in ``out_dir`` with ``state`` and the RNG states; the last two are kept."""
+    atomic_save(os.path.join(out_dir, f"ckpt-{step:06d}"), model, tokenizer,
+                dict(state, step=step, rng=rng_states()))
+    prune_checkpoints(out_dir)
+
+
+def restore(resumed, lm, opt, rank):
+    """Put a checkpoint's weights, optimizer and RNG states in place: (start step, bad steps).
+    ``resumed`` is what load_checkpoint returned."""
+    ckpt, ckpt_lm, _, state = resumed
+    lm.load_state_dict(ckpt_lm.state_dict())
+    opt.load_state_dict(state["optimizer"])
+    set_rng_states(state["rng"])
+    if rank == 0:
+        print(f"resumed from {ckpt} at step {state['step']}")
+    return state["step"], state["bad_steps"]
+
+
+def load_checkpoint(out_dir):
+    """(path, model, tokenizer, training state) of the newest readable checkpoint, or None.
+
+    One whose weights, tokenizer or state.pt are missing or damaged is reported by name, and
+    the one before it is tried (train.py keeps two)."""
+    for path in reversed(checkpoints(out_dir)):
+        try:
+            lm, tok = M.load_model(path, local_files_only=True)
+            state = torch.load(os.path.join(path, "state.pt"), weights_only=False)
+            missing = [k for k in ("step", "bad_steps", "optimizer", "rng", "config") if k not in state]
+            if missing:
+                raise KeyError(f"state.pt has no {', '.join(missing)}")
+            return path, lm, tok, state
+        # A damaged file fails in many ways (OSError, a zip, pickle or safetensors error, ...):
+        # any of them means this checkpoint cannot be used.
+        except Exception as e:
+            why = (str(e).strip().splitlines() or [""])[0]
+            print(f"warning: checkpoint {path} is unreadable ({type(e).__name__}: {why}); "
+                  "trying an older one", file=sys.stderr)
+    return None
+
+
+def load_run(run_dir, with_path=False):
+    """(model, tokenizer, config, warm-up checkpoint path) of a run's newest readable checkpoint,
+    or of a checkpoint directory itself (a ``ckpt-*`` or a warm-up ``sft-*``); ``with_path``
+    appends the path of the checkpoint read."""
+    path = run_dir
+    if os.path.exists(os.path.join(run_dir, "state.pt")):
+        lm, tok = M.load_model(run_dir, local_files_only=True)
+        state = torch.load(os.path.join(run_dir, "state.pt"), weights_only=False)
+    else:
+        found = load_checkpoint(run_dir)
+        if found is None:
+            raise SystemExit(f"{run_dir}: no readable checkpoint (ckpt-*) found; has it trained?")
+        path, lm, tok, state = found
+    out = lm.eval(), tok, state["config"], state.get("sft_path")
+    return out + (path,) if with_path else out
+
+
+# ----------------------------------------------------------------------------- the run directory
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, from a scheduler or a preemptible machine: the run saves as on Ctrl-C, then
+    exits with the status a SIGTERM gives, 128 + 15, which is what schedulers expect."""
+
+
+def stop_on_sigterm(signum, frame):
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)  # a second SIGTERM must not cut the save short
+    raise Terminated
+
+
+
+def open_run(cfg, resume, overwrite, run_keys, rank):
+    """Make OUT_DIR ready: stop before a fresh run writes over another, or, with --resume, read
+    its newest checkpoint and stop if it is another run. Returns what load_checkpoint returned
+    (None for a fresh run, or a resume with no readable checkpoint)."""
+    out = cfg["OUT_DIR"]
+    check_out_dir(out, resume, overwrite, rank)
+    resumed = load_checkpoint(out) if resume else None
+    if resumed:
+        check_resume_config(resumed[3]["config"], cfg, resumed[0], run_keys, rank)
+    elif resume and rank == 0:
+        print(f"--resume: no readable checkpoint in {out}; starting from the warm-up, "
+              "after the rows already in its metrics.jsonl")
+    os.makedirs(out, exist_ok=True)
+    return resumed
+
+
+def check_out_dir(out, resume, overwrite, rank):
+    """Stop before a fresh run writes over the one already in ``out``; --overwrite deletes it."""
+    if resume or not os.path.isdir(out):
+        return
+    held = [os.path.basename(c) for c in checkpoints(out)]
+    rows = read_metrics(out)
+    if rows:
+        held.append(f"metrics.jsonl with {len(rows)} rows")
+    if held and not overwrite:
+        raise SystemExit(f"{out} already holds a run ({', '.join(held)}). Continue it with --resume, "
+                         "give another --OUT_DIR, or pass --overwrite to delete it and start again.")
+    if held and rank == 0:
+        print(f"--overwrite: deleting {', '.join(held)} in {out}")
+        for name in os.listdir(out):
+            if name.startswith("ckpt-"):
+                shutil.rmtree(os.path.join(out, name))
+        if rows:
+            os.remove(os.path.join(out, "metrics.jsonl"))
+
+
+def check_resume_config(saved, cfg, ckpt, run_keys, rank):
+    """Stop when a setting in ``run_keys`` differs from the checkpoint's; note the others that do."""
+    diff = {k: f"{k}={cfg[k]!r} (checkpoint: {saved.get(k)!r})" for k in cfg
+            if k != "OUT_DIR" and saved.get(k) != cfg[k]}   # a moved run directory is the same run
+    defining = [v for k, v in diff.items() if k in run_keys]
+    if defining:
+        raise SystemExit(f"--resume: {ckpt} is another run: {', '.join(defining)}. Resume with the "
+                         "checkpoint's values, or start a new run in another OUT_DIR.")
+    if diff and rank == 0:
+        print(f"--resume: continuing {ckpt} with changed settings: {', '.join(diff.values())}")
+
+
+# ----------------------------------------------------------------------------- the metrics log
+def read_metrics(run_dir):
+    """The rows of a run's metrics.jsonl. A line that is not a JSON row with a step (the torn
+    last line of a run killed mid-write) is dropped with a one-line warning; the rest are kept."""
+    path = os.path.join(run_dir, "metrics.jsonl")
+    if not os.path.exists(path):
+        return []
+    rows, bad = [], []
+    with open(path, encoding="utf-8", errors="replace") as f:
+        for n, line in enumerate(f, 1):
+            try:
+                row = json.loads(line)
+            except ValueError:
+                row = None
+            if isinstance(row, dict) and isinstance(row.get("step"), int):
+                rows.append(row)
+            elif line.strip():
+                bad.append(n)
+    if bad:
+        print(f"warning: {path}: dropped {len(bad)} unreadable line(s), the first is line {bad[0]} "
+              "(a write cut short leaves one)", file=sys.stderr)
+    return rows
+
+
+def start_metrics(run_dir, resume, start, cfg):
+    """Write the run's config.json and begin its metrics.jsonl: --resume keeps the rows up to the
+    checkpoint it continues from (all of them when there is none), less any unreadable line; a
+    fresh run starts empty. Rewritten under another name, then renamed, so that no kill can
+    leave it half-written."""
+    with open(os.path.join(run_dir, "config.json"), "w") as f:
+        json.dump(cfg, f, indent=1)
+    path = os.path.join(run_dir, "metrics.jsonl")
+    kept = read_metrics(run_dir) if resume else []
+    if start:
+        kept = [r for r in kept if r["step"] < start or (r["step"] == start and r.get("eval"))]
+    with open(path + ".tmp", "w") as f:
+        f.writelines(json.dumps(r) + "\n" for r in kept)
+    os.replace(path + ".tmp", path)
+
+
+def log_metrics(run_dir, row):
+    with open(os.path.join(run_dir, "metrics.jsonl"), "a") as f:
+        f.write(json.dumps(row) + "\n")
