@@ -79,13 +79,13 @@ def heldout_em(lm, tokenizer, cfg, n=100, device=None, dtype=torch.float32):
     return out
 
 
-def heldout_by_hops(lm, tokenizer, cfg, worlds=EVAL_WORLDS, device=None, dtype=torch.float32):
-    """Greedy EM on every `test` and `ood` question of ``worlds`` held-out worlds, per number
-    of hops, each with its 95% Wilson interval, and the macro over ``MACRO_HOPS`` (with a
-    normal-approximation interval)."""
+def heldout_by_hops(lm, tokenizer, cfg, worlds=EVAL_WORLDS, device=None, dtype=torch.float32, validation=False):
+    """Greedy EM on every `test` and `ood` question of ``worlds`` held-out (or validation)
+    worlds, per number of hops, each with its 95% Wilson interval, and the macro over
+    ``MACRO_HOPS`` (with a normal-approximation interval)."""
     correct, total = {h: 0 for h in HOPS}, {h: 0 for h in HOPS}
     for k in range(worlds):
-        world = tw.make_world(cfg["EVAL_SEED"] + k, scale=cfg["WORLD_SCALE"])
+        world = tw.make_world(cfg["EVAL_SEED"] + (-1 - k if validation else k), scale=cfg["WORLD_SCALE"])
         qs = [q for split in SPLITS for q in world.split(split)]
         for q, r in zip(qs, greedy_rewards(lm, tokenizer, cfg, world, qs, device, dtype).tolist()):
             correct[q.hops] += r
@@ -131,14 +131,15 @@ def t_interval(values):
 
 
 # ----------------------------------------------------------------------------- runs
-def cached_em(checkpoint, lm, tok, cfg, worlds):
-    """``heldout_by_hops``, kept in the checkpoint's ``heldout-em.json`` per (worlds, EVAL_SEED):
-    a checkpoint never changes, so a long protocol evaluates each model once (delete the file
-    after changing the evaluation code)."""
-    path, key = os.path.join(checkpoint, "heldout-em.json"), f"{worlds} worlds from {cfg['EVAL_SEED']}"
+def cached_em(checkpoint, lm, tok, cfg, worlds, validation=False):
+    """``heldout_by_hops``, kept in the checkpoint's ``heldout-em.json`` per (worlds, EVAL_SEED,
+    held-out or validation): a checkpoint never changes, so a long protocol evaluates each model
+    once (delete the file after changing the evaluation code)."""
+    key = f"{worlds} worlds from {cfg['EVAL_SEED']}" + (" down (validation)" if validation else "")
+    path = os.path.join(checkpoint, "heldout-em.json")
     cache = json.load(open(path)) if os.path.exists(path) else {}
     if key not in cache:
-        cache[key] = heldout_by_hops(lm, tok, cfg, worlds)
+        cache[key] = heldout_by_hops(lm, tok, cfg, worlds, validation=validation)
         with open(path + ".tmp", "w") as f:
             json.dump(cache, f, indent=1)
         os.replace(path + ".tmp", path)
@@ -149,15 +150,15 @@ def group_name(run_dir):
     return re.sub(r"-s\d+$", "", os.path.basename(os.path.normpath(run_dir)))
 
 
-def run_summary(run_dir, worlds, warmup_em=None):
+def run_summary(run_dir, worlds, warmup_em=None, validation=False):
     """One row per run. ``warmup_em`` maps warm-up paths to their macro EM: the GRPO and EviSD
     runs of one seed share a warm-up, so pass one dict for all runs to evaluate it once."""
     warmup_em = {} if warmup_em is None else warmup_em
     lm, tok, cfg, sft_path, checkpoint = runs.load_run(run_dir, with_path=True)
-    em = cached_em(checkpoint, lm, tok, cfg, worlds)
+    em = cached_em(checkpoint, lm, tok, cfg, worlds, validation)
     if sft_path and os.path.isdir(sft_path) and sft_path not in warmup_em:
         warmup = M.load_model(sft_path, local_files_only=True)[0].eval()
-        warmup_em[sft_path] = cached_em(sft_path, warmup, tok, cfg, worlds).get("macro")
+        warmup_em[sft_path] = cached_em(sft_path, warmup, tok, cfg, worlds, validation).get("macro")
     steps = [m for m in runs.read_metrics(run_dir) if not m.get("eval")]
     last = steps[-max(1, len(steps) // 5):] if steps else []   # the last fifth of training
 
@@ -302,7 +303,7 @@ def main(argv):
     ap.add_argument("--variants", action="store_true",
                     help="with --credit: score every EviSD design choice of credit.VARIANTS on the same samples")
     ap.add_argument("--validation", action="store_true",
-                    help="with --credit: validation worlds instead of held-out ones (for choosing settings)")
+                    help="validation worlds instead of held-out ones (for choosing settings)")
     ap.add_argument("--json", default=None, help="also write the results as JSON here")
     ap.add_argument("--plot", nargs="?", const="curves.png", default=None, help="learning curves PNG")
     ap.add_argument("--show", type=int, default=0, metavar="K", help="print K example groups")
@@ -310,8 +311,8 @@ def main(argv):
     for run in args.runs:
         if not os.path.isdir(run):
             raise SystemExit(f"{run}: no such run directory")
-    if (args.variants or args.validation) and not args.credit:
-        raise SystemExit("--variants and --validation go with --credit")
+    if args.variants and not args.credit:
+        raise SystemExit("--variants goes with --credit")
     if args.worlds < 1 or args.credit < 0:
         raise SystemExit(f"--worlds must be >= 1 and --credit >= 0, got {args.worlds} and {args.credit}")
     if args.show:
@@ -337,7 +338,8 @@ def main(argv):
         print("wrote", out)
         return
     warmup_em = {}
-    rows = [run_summary(run, args.worlds, warmup_em) for run in tqdm(args.runs, desc="evaluate", dynamic_ncols=True)]
+    rows = [run_summary(run, args.worlds, warmup_em, args.validation)
+            for run in tqdm(args.runs, desc="evaluate", dynamic_ncols=True)]
     paired = paired_differences(rows, args.baseline)
     print(runs_table(rows), results_table(rows), paired_table(paired), sep="\n\n")
     if args.json:

@@ -141,6 +141,8 @@ def setup(cfg):
     if "RANK" in os.environ and "WORLD_SIZE" in os.environ:
         dist.init_process_group("nccl" if torch.cuda.is_available() and cfg["DEVICE"] != "cpu" else "gloo")
     rank, world_size = (dist.get_rank(), dist.get_world_size()) if dist.is_initialized() else (0, 1)
+    if cfg["QUESTIONS_PER_STEP"] % world_size:
+        raise SystemExit(f"QUESTIONS_PER_STEP={cfg['QUESTIONS_PER_STEP']} must divide by the {world_size} processes")
     if dist.is_initialized() and rank == 0:
         print(f"DDP: {world_size} processes, backend {dist.get_backend()}")
     device, dtype = pick_device(cfg)

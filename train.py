@@ -120,17 +120,13 @@ RUN_KEYS = WARMUP_KEYS + ("SFT_PRIVILEGED_FRAC", "METHOD", "FRESH_WORLDS")
 
 def configure(argv):
     """(config, resume, overwrite) from the command line, every setting checked (runs.py); then
-    the checks that span settings: training worlds stay below validation and held-out ones, and
-    the questions of a step split evenly over the processes."""
+    the check that spans settings: training worlds stay below validation and held-out ones."""
     cfg, resume, overwrite = runs.parse_overrides(argv, DEFAULTS, SCHEMA)
     first_reserved = cfg["EVAL_SEED"] - cfg["VALIDATION_WORLDS"]
     if cfg["SEED"] * 100_000 + cfg["RL_STEPS"] >= first_reserved:
         raise SystemExit(f"SEED={cfg['SEED']}: training worlds (seeds SEED * 100,000 + step) must "
                          f"stay below the validation and held-out worlds (seeds {first_reserved} and up); "
                          f"use a SEED from 0 to {(first_reserved - cfg['RL_STEPS'] - 1) // 100_000}")
-    world_size = int(os.environ.get("WORLD_SIZE", 1))
-    if cfg["QUESTIONS_PER_STEP"] % world_size:
-        raise SystemExit(f"QUESTIONS_PER_STEP={cfg['QUESTIONS_PER_STEP']} must divide by the {world_size} processes")
     return cfg, resume, overwrite
 
 
@@ -189,7 +185,7 @@ def supervised_warmup(cfg, lm, tokenizer, device, dtype, rank):
         sched = torch.optim.lr_scheduler.LambdaLR(  # linear warm-up, cosine decay to 10%
             opt, lambda s: min((s + 1) / warmup, 0.1 + 0.45 * (1 + math.cos(math.pi * s / max(cfg["SFT_STEPS"], 1)))))
         lm.train()
-        bar = tqdm(range(cfg["SFT_STEPS"]), desc="warm-up", dynamic_ncols=True)
+        bar, losses = tqdm(range(cfg["SFT_STEPS"]), desc="warm-up", dynamic_ncols=True), []
         for step in bar:
             b = sft_batch(cfg, tokenizer, step, frac)
             n_gen, loss = b["gen_mask"].sum(), 0.0
@@ -208,9 +204,11 @@ def supervised_warmup(cfg, lm, tokenizer, device, dtype, rank):
             opt.step()
             sched.step()
             bar.set_postfix(loss=f"{loss:.3f}")
+            losses.append(round(loss, 4))
         seconds = time.perf_counter() - t0
         print(f"warm-up: {cfg['SFT_STEPS']} steps in {seconds:.1f} s, saved to {path}")
-        runs.atomic_save(path, lm, tokenizer, {"config": cfg, "privileged_frac": frac, "seconds": seconds})
+        runs.atomic_save(path, lm, tokenizer, {"config": cfg, "privileged_frac": frac, "seconds": seconds,
+                                               "losses": losses})
     if dist.is_initialized():
         dist.barrier()
     if cached or rank != 0:

@@ -1,0 +1,68 @@
+"""Warm-up recipes across seeds: for each seed, the warm-up (cached like train.py's), its loss
+curve and wall time, and its greedy EM per hop on *validation* worlds, where a recipe may be
+chosen (never on the held-out ones).
+
+    python docs/warmup_sweep.py baseline --seeds 0-9
+    python docs/warmup_sweep.py lr6e-3 --seeds 1,2,7 --SFT_STEPS=500 --SFT_LR=6e-3   # train.py overrides
+    python docs/warmup_sweep.py mha --seeds 1,2 --shape 128,4,4,4,384                  # the tiny model's shape
+
+One JSON row per (recipe, seed) is appended to out/sweep/results.jsonl as each seed ends, so an
+interrupted sweep keeps what it finished; a finished warm-up is never trained twice.
+"""
+import argparse
+import json
+import os
+import sys
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+
+import torch  # noqa: E402
+
+import evaluate  # noqa: E402
+import model as M  # noqa: E402
+import runs  # noqa: E402
+import train  # noqa: E402
+
+
+def seeds_from(text):
+    """'0-9' or '1,2,7' as a list of ints."""
+    if "-" in text:
+        low, high = map(int, text.split("-"))
+        return list(range(low, high + 1))
+    return [int(s) for s in text.split(",")]
+
+
+def main(argv):
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("name", help="the recipe's name: its warm-ups go to out/sweep/NAME/")
+    ap.add_argument("--seeds", default="0-9")
+    ap.add_argument("--shape", default=None, help="hidden,layers,heads,kv_heads,mlp of MODEL (default: model.SIZES)")
+    ap.add_argument("--worlds", type=int, default=2, help="validation worlds to evaluate on")
+    args, overrides = ap.parse_known_args(argv)
+    root = os.path.join(ROOT, "out", "sweep")
+    os.makedirs(root, exist_ok=True)
+    for seed in seeds_from(args.seeds):
+        cfg, _, _ = train.configure([f"--SEED={seed}", f"--SFT_DIR={root}/{args.name}/sft", "--DEVICE=cpu"] + overrides)
+        if args.shape:                          # the cache key has MODEL's name: one recipe name per shape
+            M.SIZES[cfg["MODEL"]] = tuple(int(x) for x in args.shape.split(","))
+        device, dtype = runs.pick_device(cfg)
+        started = time.perf_counter()
+        lm, tok = train.build_model(cfg, device)
+        path = train.supervised_warmup(cfg, lm, tok, device, dtype, rank=0)
+        state = torch.load(os.path.join(path, "state.pt"), weights_only=False)
+        losses = state.get("losses", [])
+        em = evaluate.cached_em(path, lm.eval(), tok, cfg, args.worlds, validation=True)
+        row = {"recipe": args.name, "seed": seed, "overrides": overrides, "shape": args.shape,
+               "params": sum(p.numel() for p in lm.parameters()), "warmup_s": round(state.get("seconds", 0), 1),
+               "final_loss": round(sum(losses[-50:]) / max(len(losses[-50:]), 1), 4),
+               "loss_every_50": losses[49::50], "val_hop1": em["hop1"], "val_hop2": em["hop2"],
+               "val_macro": em.get("macro"), "total_s": round(time.perf_counter() - started, 1), "path": path}
+        print(json.dumps({k: v for k, v in row.items() if k != "loss_every_50"}), flush=True)
+        with open(os.path.join(root, "results.jsonl"), "a") as f:
+            f.write(json.dumps(row) + "\n")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
