@@ -5,6 +5,7 @@ chosen (never on the held-out ones).
     python docs/warmup_sweep.py baseline --seeds 0-9
     python docs/warmup_sweep.py lr6e-3 --seeds 1,2,7 --SFT_STEPS=500 --SFT_LR=6e-3   # train.py overrides
     python docs/warmup_sweep.py mha --seeds 1,2 --shape 128,4,4,4,384                  # the tiny model's shape
+    python docs/warmup_sweep.py --table                                                  # every row so far
 
 One JSON row per (recipe, seed) is appended to out/sweep/results.jsonl as each seed ends, so an
 interrupted sweep keeps what it finished; a finished warm-up is never trained twice.
@@ -34,14 +35,34 @@ def seeds_from(text):
     return [int(s) for s in text.split(",")]
 
 
+def table(rows):
+    """Rows by recipe: seeds, settings, final loss, validation EM, warm-up seconds, each seed shown."""
+    lines = ["| recipe | settings | seeds | final loss | val 1-hop EM | val macro | warm-up s |", "|---" * 7 + "|"]
+    by_recipe = {}
+    for r in rows:
+        by_recipe.setdefault(r["recipe"], []).append(r)
+    for name, rs in by_recipe.items():
+        cell = lambda key, spec: " ".join(format(r[key], spec) for r in rs)
+        settings = " ".join(rs[0]["overrides"]) + (f" shape {rs[0]['shape']}" if rs[0]["shape"] else "")
+        lines.append(f"| {name} | {settings or 'defaults'} | {' '.join(str(r['seed']) for r in rs)} | "
+                     f"{cell('final_loss', '.2f')} | {cell('val_hop1', '.2f')} | {cell('val_macro', '.2f')} | "
+                     f"{cell('warmup_s', '.0f')} |")
+    return "\n".join(lines)
+
+
 def main(argv):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("name", help="the recipe's name: its warm-ups go to out/sweep/NAME/")
+    ap.add_argument("name", nargs="?", help="the recipe's name: its warm-ups go to out/sweep/NAME/")
+    ap.add_argument("--table", action="store_true", help="print every recipe's rows as one Markdown table")
     ap.add_argument("--seeds", default="0-9")
     ap.add_argument("--shape", default=None, help="hidden,layers,heads,kv_heads,mlp of MODEL (default: model.SIZES)")
     ap.add_argument("--worlds", type=int, default=2, help="validation worlds to evaluate on")
     args, overrides = ap.parse_known_args(argv)
     root = os.path.join(ROOT, "out", "sweep")
+    if args.table:
+        return print(table([json.loads(line) for line in open(os.path.join(root, "results.jsonl"))]))
+    if not args.name:
+        ap.error("give the recipe's name (or --table)")
     os.makedirs(root, exist_ok=True)
     for seed in seeds_from(args.seeds):
         cfg, _, _ = train.configure([f"--SEED={seed}", f"--SFT_DIR={root}/{args.name}/sft", "--DEVICE=cpu"] + overrides)
