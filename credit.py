@@ -254,24 +254,24 @@ def printable(text):
     return text.encode(encoding, "backslashreplace").decode(encoding)
 
 
-def show_episodes(lm, tok, cfg, world, qs, html_path):
-    """Sample 4 episodes of each question, score them as training would, and print two of each
-    with every action token's teacher-student gap (evaluate.py --show); also as HTML."""
+def show_episodes(lm, tok, cfg, world, qs, html_path, k):
+    """Sample 4 episodes of each question in ``qs``, score them exactly as a training step would,
+    and print two episodes of ``k`` questions with every action token's teacher-student gap
+    (evaluate.py --show; also as HTML): questions whose samples disagree first, since a group
+    that agrees has A = 0, which training never asks the teacher about (its gap shows as 0)."""
     cfg = dict(cfg, METHOD="evisd")    # the teacher's gap, whichever method the run trained with
     torch.manual_seed(0)
     env = lambda q: se.SearchEnv(world, q, max_turns=cfg["MAX_TURNS"], top_k=cfg["TOP_K"])
     r = M.rollout(lm, tok, env, qs, group_size=4, max_turns=cfg["MAX_TURNS"],
                   max_new_tokens=cfg["MAX_NEW_TOKENS"], temperature=cfg["TEMPERATURE"])
     adv = grpo.group_advantages(r.rewards, 4)
-    # Exactly what a training step computes (the run's placement, span and temperature): the
-    # teacher re-scores the episodes with A != 0; a group whose samples all agree has A = 0, and
-    # its gap shows as 0 because training never re-scores it.
     with torch.no_grad():
         lp_s = M.token_logprobs(lm, r.input_ids, r.attention_mask, r.gen_mask, temperature=cfg["TEMPERATURE"])
     token_adv, _, lp_t = evisd.step_advantages(lm, tok, cfg, world, r, adv, lp_s)
+    groups = sorted(range(0, len(qs) * 4, 4), key=lambda i: not adv[i:i + 4].any())[:k]   # stable
     tty = sys.stdout.isatty()
     pages = []
-    for i in range(0, len(qs) * 4, 4):
+    for i in groups:
         for j in (i, i + 1):   # two samples of each question
             n = int(r.attention_mask[j].sum())
             p = int(r.prompt_len[j])

@@ -317,8 +317,8 @@ def main(argv):
         raise SystemExit(f"--worlds must be >= 1 and --credit >= 0, got {args.worlds} and {args.credit}")
     if args.show:
         lm, tok, cfg, _ = runs.load_run(args.runs[0])
-        world, qs = heldout_questions(cfg, "test", args.show)
-        credit.show_episodes(lm, tok, cfg, world, qs, os.path.join(args.runs[0], "episodes.html"))
+        world, qs = heldout_questions(cfg, "test", 4 * args.show)   # the groups with A != 0 are shown first
+        credit.show_episodes(lm, tok, cfg, world, qs, os.path.join(args.runs[0], "episodes.html"), args.show)
         return
     if args.credit:
         cards = {}
