@@ -16,7 +16,7 @@ Thinking tokens keep A; retrieved information and the prompt are never trained o
 changes at inference time: the teacher exists only inside a training step.
 
 The paper leaves three choices open; ``Privilege`` names them (train.py's EVIDENCE_AT,
-ANSWER_AT, EVISD_SPAN) and the README measures each: the evidence block before every search
+ANSWER_AT, EVISD_SPAN) and docs/results-v2.md measures each: the evidence block before every search
 or once before the first; the answer block after the opening <answer> tag (it informs only the
 answer's content) or before it (it also informs the decision to answer, and approves answering
 too early); and whether the opening tag itself, the decision to search or to answer, is

@@ -62,7 +62,7 @@ SFT_DIR = "out/sft"          # warm-up checkpoints, one per (seed, model, world,
 RL_STEPS = 60
 QUESTIONS_PER_STEP = 8
 GROUP_SIZE = 8
-LR = -1.0                    # -1 = auto: 2e-4 embedded (5e-4 collapsed, README), 1e-6 HF (Search-R1)
+LR = -1.0                    # -1 = auto: 2e-4 embedded (5e-4 collapsed, docs/results-v1.md), 1e-6 HF (Search-R1)
 KL_COEF = 0.01               # k3 KL to the frozen warm-up model
 CLIP_EPS = 0.2
 PPO_EPOCHS = 1               # with 1, the ratio is exactly 1 and the clip never acts

@@ -1,4 +1,4 @@
-"""The GPU check: measure on one CUDA device what the README's one-GPU section otherwise
+"""The GPU check: measure on one CUDA device what docs/one-gpu.md otherwise
 estimates, in about eight minutes (484 s of parts on one H200), every figure written as it
 comes.
 
@@ -14,9 +14,9 @@ out of time is recorded with the end of its output while the next one still runs
              take a device: the model, rollouts, losses and the train.py smoke runs);
 * memory     a random model of Qwen2.5-0.5B-Instruct's exact shape (its config values below, no
              download) put through two RL updates of the Qwen preset (policy forward and backward,
-             reference and teacher scoring) on a synthetic batch at the worst case the README's
+             reference and teacher scoring) on a synthetic batch at the worst case docs/one-gpu.md's
              table assumes, with and without GRADIENT_CHECKPOINTING; Qwen2.5-1.5B with it;
-             torch.cuda.max_memory_allocated beside the README's estimate;
+             torch.cuda.max_memory_allocated beside that page's estimate;
 * train      config/gpu-small.py cut short: warm-up and RL wall times, seconds per step, held-out
              EM at the end, and the full preset's time projected from them;
 * bench      bench.py on the device: the EviSD/GRPO step ratio, rollout beside plain generate;
@@ -54,10 +54,10 @@ SHAPES = {
                  num_attention_heads=4, num_key_value_heads=2),
 }
 COMMON_SHAPE = dict(max_position_embeddings=32768, rope_theta=1e6, rms_norm_eps=1e-6, tie_word_embeddings=True)
-# The worst case of the README's memory table: the Qwen preset's 8 questions x 5 samples, each a
+# The worst case of the memory table (docs/one-gpu.md): the Qwen preset's 8 questions x 5 samples, each a
 # ~120-token prompt, MAX_TURNS=4 turns of MAX_NEW_TOKENS=500 and 3 observations of ~150 tokens.
 PROMPT_TOKENS, OBSERVATION_TOKENS = 120, 150
-# (shape, gradient checkpointing) of each memory probe, and what the README estimated (GB).
+# (shape, gradient checkpointing) of each memory probe, and what docs/one-gpu.md estimated (GB).
 PROBES = [("qwen2.5-0.5b", True), ("qwen2.5-0.5b", False), ("qwen2.5-1.5b", True)]
 README_ESTIMATE_GB = {("qwen2.5-0.5b", True): 21, ("qwen2.5-1.5b", True): 51}
 
@@ -373,7 +373,7 @@ def probe_memory(shape, checkpointing, dry, path):
     params = sum(p.numel() for p in lm.parameters())
     hidden, layers, mlp = SHAPES[shape]["hidden_size"], SHAPES[shape]["num_hidden_layers"], SHAPES[shape]["intermediate_size"]
     tokens = int(batch.attention_mask.numel())
-    # The README's formula: 20 bytes per parameter, and with checkpointing each layer's bf16 input,
+    # The estimate's formula (docs/one-gpu.md): 20 bytes per parameter, and with checkpointing each layer's bf16 input,
     # one layer's recompute and one 2^27-logit chunk of the head.
     estimate = 20 * params + (tokens * (2 * hidden * layers + 2 * (7 * hidden + 4 * mlp)) + 4 * 2**27
                               if checkpointing else 0)

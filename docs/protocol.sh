@@ -1,5 +1,5 @@
 #!/bin/bash
-# The benchmark-v2 protocol of README "Results", fixed before EviSD - GRPO was looked at.
+# The benchmark-v2 protocol of docs/results-v2.md, fixed before EviSD - GRPO was looked at.
 # Run from the repository root: bash docs/protocol.sh. Every run logs to out/v2/log-<run>-s<seed>.txt;
 # a finished run (its final checkpoint is there) is skipped, so the script can be restarted.
 # Seeds 0-2 run GRPO, EviSD and the two ablations; seeds 3-5 GRPO and EviSD.
