@@ -17,7 +17,7 @@ spec.loader.exec_module(gpu_check)
 def test_dry_mode_runs_every_part_and_writes_the_report(tmp_path):
     out = tmp_path / "out"
     proc = subprocess.run([sys.executable, "docs/gpu_check.py", str(out), "--dry", "--work", str(tmp_path / "work")],
-                          cwd=ROOT, capture_output=True, text=True, timeout=300)
+                          cwd=ROOT, capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     parts = json.load(open(out / "gpu-check.json"))["parts"]
     assert list(parts) == list(gpu_check.PARTS)
