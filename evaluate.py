@@ -40,11 +40,16 @@ CREDIT_QUESTIONS = 64        # held-out questions sampled GROUP_SIZE times for -
 
 
 # ----------------------------------------------------------------------------- held-out questions
+def eval_world_seed(cfg, world_index, validation=False):
+    """The seed of held-out world ``EVAL_SEED + world_index``, or, with ``validation``, of
+    validation world ``EVAL_SEED - 1 - world_index``, where settings may be chosen without
+    looking at the held-out worlds."""
+    return cfg["EVAL_SEED"] - 1 - world_index if validation else cfg["EVAL_SEED"] + world_index
+
+
 def heldout_questions(cfg, split, n, world_index=0, validation=False):
-    """n questions of a split of held-out world ``EVAL_SEED + world_index``, a fixed sample; or,
-    with ``validation``, of validation world ``EVAL_SEED - 1 - world_index``, where settings may
-    be chosen without looking at the held-out worlds."""
-    seed = cfg["EVAL_SEED"] - 1 - world_index if validation else cfg["EVAL_SEED"] + world_index
+    """n questions of a split of held-out (or validation) world ``world_index``, a fixed sample."""
+    seed = eval_world_seed(cfg, world_index, validation)
     world = tw.make_world(seed, scale=cfg["WORLD_SCALE"])
     qs = world.split(split)
     qs = random.Random(seed).sample(qs, min(n, len(qs)))
@@ -85,7 +90,7 @@ def heldout_by_hops(lm, tokenizer, cfg, worlds=EVAL_WORLDS, device=None, dtype=t
     ``MACRO_HOPS`` (with a normal-approximation interval)."""
     correct, total = {h: 0 for h in HOPS}, {h: 0 for h in HOPS}
     for k in range(worlds):
-        world = tw.make_world(cfg["EVAL_SEED"] + (-1 - k if validation else k), scale=cfg["WORLD_SCALE"])
+        world = tw.make_world(eval_world_seed(cfg, k, validation), scale=cfg["WORLD_SCALE"])
         qs = [q for split in SPLITS for q in world.split(split)]
         for q, r in zip(qs, greedy_rewards(lm, tokenizer, cfg, world, qs, device, dtype).tolist()):
             correct[q.hops] += r

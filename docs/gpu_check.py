@@ -12,11 +12,11 @@ out of time is recorded with the end of its output while the next one still runs
 * versions   python, torch, CUDA, transformers, tokenizers, the device and its driver;
 * tests      the test suite with DEVICE=cuda (tests/conftest.py hands it to the tests that
              take a device: the model, rollouts, losses and the train.py smoke runs);
-* memory     a random model of Qwen2.5-0.5B-Instruct's exact shape (its config values below, no
-             download) put through two RL updates of the Qwen preset (policy forward and backward,
-             reference and teacher scoring) on a synthetic batch at the worst case docs/one-gpu.md's
-             table assumes, with and without GRADIENT_CHECKPOINTING; Qwen2.5-1.5B with it;
-             torch.cuda.max_memory_allocated beside that page's estimate;
+* memory     docs/gpu_memory.py, once per probe: a random model of Qwen2.5-0.5B-Instruct's exact
+             shape (no download) put through two RL updates of the Qwen preset (policy forward and
+             backward, reference and teacher scoring) on a synthetic batch at the worst case
+             docs/one-gpu.md's table assumes, with and without GRADIENT_CHECKPOINTING;
+             Qwen2.5-1.5B with it; torch.cuda.max_memory_allocated beside that page's estimate;
 * train      config/gpu-small.py cut short: warm-up and RL wall times, seconds per step, held-out
              EM at the end, and the full preset's time projected from them;
 * bench      bench.py on the device: the EviSD/GRPO step ratio, rollout beside plain generate;
@@ -27,13 +27,11 @@ keeps what was done) and every process's output to OUT/gpu-check.log; runs, chec
 warm-ups go to a scratch directory (``--work``, a temporary one by default).
 """
 import argparse
-import copy
 import datetime
 import json
 import os
-import random
 import re
-import resource
+import shutil
 import signal
 import subprocess
 import sys
@@ -43,23 +41,8 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-# Qwen2.5's config.json values (Qwen2.5-0.5B-Instruct, Qwen2.5-1.5B-Instruct), so the memory part
-# builds the exact shapes at random with no download. ``tiny`` is the dry mode's stand-in.
-SHAPES = {
-    "qwen2.5-0.5b": dict(vocab_size=151936, hidden_size=896, intermediate_size=4864, num_hidden_layers=24,
-                         num_attention_heads=14, num_key_value_heads=2),
-    "qwen2.5-1.5b": dict(vocab_size=151936, hidden_size=1536, intermediate_size=8960, num_hidden_layers=28,
-                         num_attention_heads=12, num_key_value_heads=2),
-    "tiny": dict(vocab_size=1024, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                 num_attention_heads=4, num_key_value_heads=2),
-}
-COMMON_SHAPE = dict(max_position_embeddings=32768, rope_theta=1e6, rms_norm_eps=1e-6, tie_word_embeddings=True)
-# The worst case of the memory table (docs/one-gpu.md): the Qwen preset's 8 questions x 5 samples, each a
-# ~120-token prompt, MAX_TURNS=4 turns of MAX_NEW_TOKENS=500 and 3 observations of ~150 tokens.
-PROMPT_TOKENS, OBSERVATION_TOKENS = 120, 150
-# (shape, gradient checkpointing) of each memory probe, and what docs/one-gpu.md estimated (GB).
+# (shape, gradient checkpointing) of each memory probe (docs/gpu_memory.py).
 PROBES = [("qwen2.5-0.5b", True), ("qwen2.5-0.5b", False), ("qwen2.5-1.5b", True)]
-README_ESTIMATE_GB = {("qwen2.5-0.5b", True): 21, ("qwen2.5-1.5b", True): 51}
 
 # The train part: config/gpu-small.py with fewer steps (its full run is 1,800 + 180).
 TRAIN_CUT = ["--SFT_STEPS=300", "--RL_STEPS=8", "--EVAL_EVERY=8", "--EVAL_QUESTIONS=100"]
@@ -68,7 +51,6 @@ FULL_SFT_STEPS, FULL_RL_STEPS = 1800, 180
 DRY_TRAIN = ["--MODEL=tiny", "--WORLD_SCALE=0.15", "--SFT_STEPS=4", "--SFT_BATCH=4", "--RL_STEPS=2",
              "--QUESTIONS_PER_STEP=2", "--GROUP_SIZE=2", "--MAX_NEW_TOKENS=12", "--MAX_TURNS=2",
              "--EVAL_QUESTIONS=3", "--EVAL_EVERY=2"]
-DRY_ROLLOUT = ["--QUESTIONS_PER_STEP=2", "--GROUP_SIZE=2", "--MAX_NEW_TOKENS=40", "--MAX_TURNS=3"]
 
 # Seconds each part may take, at most (the whole run also stops at --budget).
 BOXES = {"versions": 60, "memory": 150, "train": 180, "bench": 75, "torchrun": 60, "tests": 120}
@@ -177,15 +159,11 @@ print(json.dumps({"python": platform.python_version(), "torch": torch.__version_
     figures["date"] = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     if not check.dry:
         rc, smi = check.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"], timeout=20) \
-            if _has("nvidia-smi") else (1, "")
+            if shutil.which("nvidia-smi") else (1, "")
         figures["driver"] = smi.strip() if rc == 0 else None
         if figures["device"] == "cpu":
             raise PartFailed("torch sees no CUDA device: run with --dry on a machine without one", figures)
     return figures
-
-
-def _has(program):
-    return any(os.access(os.path.join(d, program), os.X_OK) for d in os.environ.get("PATH", "").split(os.pathsep))
 
 
 def part_tests(check):
@@ -207,8 +185,8 @@ def part_memory(check):
     for shape, checkpointing in probes:
         name = f"{shape}, {'with' if checkpointing else 'without'} checkpointing"
         path = os.path.join(check.work, f"memory-{shape}-{int(checkpointing)}.json")
-        rc, output = check.python(os.path.relpath(__file__, ROOT), "--probe-memory", shape,
-                                  "--checkpointing", str(int(checkpointing)), "--json", path,
+        rc, output = check.python("docs/gpu_memory.py", shape, "--checkpointing", str(int(checkpointing)),
+                                  "--json", path,
                                   *(["--dry"] if check.dry else []), timeout=300 if check.dry else 75)
         if rc == 0 and os.path.exists(path):
             figures[name] = json.load(open(path))
@@ -238,15 +216,14 @@ def train_figures(out, sft, args):
     """Warm-up and RL times and the held-out quick checks of a run, from what it wrote."""
     import statistics
     import torch
+    import runs
     figures = {}
     warmups = [d for d in os.listdir(os.path.dirname(sft)) if d.startswith(os.path.basename(sft) + "-")]
     for d in warmups:
         state = torch.load(os.path.join(os.path.dirname(sft), d, "state.pt"), weights_only=False)
         figures["warmup_s"] = round(state["seconds"], 1)
         figures["warmup_steps"] = state["config"]["SFT_STEPS"]
-    rows = []
-    if os.path.exists(os.path.join(out, "metrics.jsonl")):
-        rows = [json.loads(l) for l in open(os.path.join(out, "metrics.jsonl")) if l.strip()]
+    rows = runs.read_metrics(out)     # [] before the first row
     steps = [r for r in rows if not r.get("eval")]
     if steps:
         step_s = statistics.median(r["step_s"] for r in steps[1:] or steps)   # the first step warms CUDA up
@@ -287,7 +264,8 @@ def part_torchrun(check):
     backend = re.search(r"DDP: (\d+) processes, backend (\w+)", output)
     figures = {"processes": int(backend.group(1)) if backend else None, "backend": backend.group(2) if backend else None}
     expect(rc, output, "torchrun train.py", figures)
-    figures["rows"] = sum(1 for _ in open(os.path.join(out, "metrics.jsonl")))
+    import runs
+    figures["rows"] = len(runs.read_metrics(out))
     figures["checkpoint"] = os.path.isdir(os.path.join(out, "ckpt-000002"))
     if figures["rows"] != 2 or not figures["checkpoint"]:
         raise PartFailed("torchrun train.py: expected 2 metric rows and ckpt-000002", figures)
@@ -296,100 +274,6 @@ def part_torchrun(check):
 
 FUNCTIONS = {"versions": part_versions, "memory": part_memory, "train": part_train, "bench": part_bench,
              "torchrun": part_torchrun, "tests": part_tests}
-
-
-# ----------------------------------------------------------------------------- the memory probe
-def worst_case_rollouts(cfg, tok, world, prompt_tokens, observation_tokens):
-    """A Rollouts batch at its longest: every episode uses all MAX_TURNS turns of MAX_NEW_TOKENS
-    (thinking, then a search, and an answer last) with full observations between them. The text
-    is the toy world's, so the teacher's evidence blocks are real; every group has mixed rewards,
-    so A != 0 everywhere and the teacher scores every episode (its worst case too)."""
-    import torch
-    import model as M
-    rng = random.Random(0)
-    words = tok.encode(" ".join(d.text for d in world.docs), add_special_tokens=False)
-
-    def filler(n):                           # n ordinary tokens from a random place in the corpus
-        start = rng.randrange(len(words) - n)
-        return words[start:start + n]
-
-    questions = [q for q in world.split("train") if q.hops == 2][:cfg["QUESTIONS_PER_STEP"]]
-    think = tok.encode("<think>", add_special_tokens=False)
-    transcripts, episodes = [], []
-    for q in questions:
-        for _ in range(cfg["GROUP_SIZE"]):
-            tr = M.Transcript(filler(prompt_tokens))
-            for turn in range(cfg["MAX_TURNS"]):
-                kind = "answer" if turn == cfg["MAX_TURNS"] - 1 else "search"
-                action = tok.encode(f"</think><answer> {q.answers[0]} </answer>" if kind == "answer"
-                                    else f"</think><search> {q.question} </search>", add_special_tokens=False)
-                ids = think + filler(cfg["MAX_NEW_TOKENS"] - len(think) - len(action)) + action
-                tr.add_turn(ids, kind, turn, M.action_start(tok, ids, tok.decode(ids), kind))
-                if kind == "search":
-                    tr.add_observation(filler(observation_tokens))
-            transcripts.append(tr)
-            episodes.append(q)
-    n = len(transcripts)
-    return M.Rollouts(**M.collate(transcripts, tok.pad_token_id), rewards=torch.tensor([float(i % 2) for i in range(n)]),
-                      answers=[q.answers[0] for q in episodes], turns=torch.full((n,), cfg["MAX_TURNS"]),
-                      questions=episodes)
-
-
-def probe_memory(shape, checkpointing, dry, path):
-    """Two RL updates (EviSD, the Qwen preset) of a random model of ``shape`` on the worst-case
-    batch: peak memory, memory held between steps, seconds per update; written to ``path``."""
-    import torch
-    from transformers import Qwen2Config, Qwen2ForCausalLM
-    import model as M
-    import runs
-    import toy_world as tw
-    import train
-    preset = os.path.join(ROOT, "config", "qwen2.5-0.5b-instruct.py")
-    cfg, _, _ = train.configure([preset, f"--DEVICE={'cpu' if dry else 'cuda'}"] + (DRY_ROLLOUT if dry else []))
-    device, dtype = runs.pick_device(cfg)
-    prompt_tokens, observation_tokens = (20, 20) if dry else (PROMPT_TOKENS, OBSERVATION_TOKENS)
-    tok = M.build_tokenizer(M.tokenizer_texts(seeds=(0,)))
-    world = tw.make_world(0)
-    batch = worst_case_rollouts(cfg, tok, world, prompt_tokens, observation_tokens)
-    config = Qwen2Config(**SHAPES[shape], **COMMON_SHAPE, pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id)
-    torch.manual_seed(0)
-    with torch.device(device):
-        lm = Qwen2ForCausalLM(config)        # float32 weights, as train.py holds the policy
-    if checkpointing:
-        M.enable_checkpointing(lm)
-    ref = copy.deepcopy(lm).to(dtype).eval().requires_grad_(False)
-    opt = torch.optim.AdamW(lm.parameters(), lr=cfg["LR"], weight_decay=0.0)
-    policy = train.SyncedPolicy(lm)
-    cuda = device.type == "cuda"
-    if cuda:
-        torch.cuda.synchronize()
-        torch.cuda.reset_peak_memory_stats()
-    seconds = []
-    for _ in range(2):
-        t0 = time.perf_counter()
-        metrics = train.update(cfg, batch, world, policy, lm, ref, tok, opt, device, dtype)
-        if cuda:
-            torch.cuda.synchronize()
-        seconds.append(round(time.perf_counter() - t0, 2))
-    params = sum(p.numel() for p in lm.parameters())
-    hidden, layers, mlp = SHAPES[shape]["hidden_size"], SHAPES[shape]["num_hidden_layers"], SHAPES[shape]["intermediate_size"]
-    tokens = int(batch.attention_mask.numel())
-    # The estimate's formula (docs/one-gpu.md): 20 bytes per parameter, and with checkpointing each layer's bf16 input,
-    # one layer's recompute and one 2^27-logit chunk of the head.
-    estimate = 20 * params + (tokens * (2 * hidden * layers + 2 * (7 * hidden + 4 * mlp)) + 4 * 2**27
-                              if checkpointing else 0)
-    result = {"params": params, "episodes": batch.input_ids.shape[0], "tokens_per_episode": batch.input_ids.shape[1],
-              "update_s": seconds, "modulated_frac": round(metrics.get("modulated_frac", 0.0), 3),
-              "finite_loss": bool(metrics.get("nonfinite_loss", 0) == 0),
-              "readme_formula_gb": round(estimate / 1e9, 1) if checkpointing else None,
-              "readme_table_gb": README_ESTIMATE_GB.get((shape, checkpointing))}
-    if cuda:
-        result["peak_gb"] = round(torch.cuda.max_memory_allocated() / 1e9, 2)
-        result["held_between_steps_gb"] = round(torch.cuda.memory_allocated() / 1e9, 2)
-    else:
-        result["peak_rss_gb"] = round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1e6, 2)
-    with open(path, "w") as f:
-        json.dump(result, f, indent=1)
 
 
 # ----------------------------------------------------------------------------- the report
@@ -424,20 +308,13 @@ def write_report(check):
 
 def main(argv):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("out", nargs="?", help="directory for gpu-check.json, gpu-check.md and gpu-check.log")
     ap.add_argument("--dry", action="store_true", help="CPU and tiny sizes: check the script itself")
     ap.add_argument("--parts", default=",".join(PARTS), help=f"comma-separated, from {','.join(PARTS)}")
     ap.add_argument("--budget", type=float, default=None,
                     help="seconds for the whole check, parts after it are skipped (default 540; dry mode 2160)")
     ap.add_argument("--work", default=None, help="scratch directory for runs (default: a temporary one)")
-    ap.add_argument("--probe-memory", choices=sorted(SHAPES), help=argparse.SUPPRESS)   # one memory probe, in its own process
-    ap.add_argument("--checkpointing", type=int, default=1, help=argparse.SUPPRESS)
-    ap.add_argument("--json", help=argparse.SUPPRESS)
+    ap.add_argument("out", help="directory for gpu-check.json, gpu-check.md and gpu-check.log")
     args = ap.parse_args(argv)
-    if args.probe_memory:
-        return probe_memory(args.probe_memory, bool(args.checkpointing), args.dry, args.json)
-    if not args.out:
-        ap.error("give the directory for the results, e.g. out/gpu-check")
     parts = args.parts.split(",")
     unknown = [p for p in parts if p not in PARTS]
     if unknown:

@@ -1,0 +1,144 @@
+"""One memory probe of the GPU check (docs/gpu_check.py runs each in its own process): a
+randomly initialised model of a Qwen2.5 shape put through two RL updates of the Qwen preset
+(reference and policy forward, backward, teacher scoring, AdamW) on a synthetic batch at the
+worst case docs/one-gpu.md's memory table assumes; peak memory beside that page's estimate.
+
+    python docs/gpu_memory.py qwen2.5-0.5b --checkpointing 1 --json out/mem.json   # on CUDA
+    python docs/gpu_memory.py tiny --dry --json out/mem.json                       # CPU, tiny sizes
+"""
+import argparse
+import copy
+import json
+import os
+import random
+import resource
+import sys
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+
+import torch  # noqa: E402
+from transformers import Qwen2Config, Qwen2ForCausalLM  # noqa: E402
+
+import model as M  # noqa: E402
+import runs  # noqa: E402
+import toy_world as tw  # noqa: E402
+import train  # noqa: E402
+
+# Qwen2.5's config.json values (Qwen2.5-0.5B-Instruct, Qwen2.5-1.5B-Instruct), so the memory part
+# builds the exact shapes at random with no download. ``tiny`` is the dry mode's stand-in.
+SHAPES = {
+    "qwen2.5-0.5b": dict(vocab_size=151936, hidden_size=896, intermediate_size=4864, num_hidden_layers=24,
+                         num_attention_heads=14, num_key_value_heads=2),
+    "qwen2.5-1.5b": dict(vocab_size=151936, hidden_size=1536, intermediate_size=8960, num_hidden_layers=28,
+                         num_attention_heads=12, num_key_value_heads=2),
+    "tiny": dict(vocab_size=1024, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                 num_attention_heads=4, num_key_value_heads=2),
+}
+COMMON_SHAPE = dict(max_position_embeddings=32768, rope_theta=1e6, rms_norm_eps=1e-6, tie_word_embeddings=True)
+# The worst case of the memory table (docs/one-gpu.md): the Qwen preset's 8 questions x 5 samples, each a
+# ~120-token prompt, MAX_TURNS=4 turns of MAX_NEW_TOKENS=500 and 3 observations of ~150 tokens.
+PROMPT_TOKENS, OBSERVATION_TOKENS = 120, 150
+# What docs/one-gpu.md estimated (GB), and the dry mode's batch.
+README_ESTIMATE_GB = {("qwen2.5-0.5b", True): 21, ("qwen2.5-1.5b", True): 51}
+DRY_ROLLOUT = ["--QUESTIONS_PER_STEP=2", "--GROUP_SIZE=2", "--MAX_NEW_TOKENS=40", "--MAX_TURNS=3"]
+
+
+def worst_case_rollouts(cfg, tok, world, prompt_tokens, observation_tokens):
+    """A Rollouts batch at its longest: every episode uses all MAX_TURNS turns of MAX_NEW_TOKENS
+    (thinking, then a search, and an answer last) with full observations between them. The text
+    is the toy world's, so the teacher's evidence blocks are real; every group has mixed rewards,
+    so A != 0 everywhere and the teacher scores every episode (its worst case too)."""
+    rng = random.Random(0)
+    words = tok.encode(" ".join(d.text for d in world.docs), add_special_tokens=False)
+
+    def filler(n):                           # n ordinary tokens from a random place in the corpus
+        start = rng.randrange(len(words) - n)
+        return words[start:start + n]
+
+    questions = [q for q in world.split("train") if q.hops == 2][:cfg["QUESTIONS_PER_STEP"]]
+    think = tok.encode("<think>", add_special_tokens=False)
+    transcripts, episodes = [], []
+    for q in questions:
+        for _ in range(cfg["GROUP_SIZE"]):
+            tr = M.Transcript(filler(prompt_tokens))
+            for turn in range(cfg["MAX_TURNS"]):
+                kind = "answer" if turn == cfg["MAX_TURNS"] - 1 else "search"
+                action = tok.encode(f"</think><answer> {q.answers[0]} </answer>" if kind == "answer"
+                                    else f"</think><search> {q.question} </search>", add_special_tokens=False)
+                ids = think + filler(cfg["MAX_NEW_TOKENS"] - len(think) - len(action)) + action
+                tr.add_turn(ids, kind, turn, M.action_start(tok, ids, tok.decode(ids), kind))
+                if kind == "search":
+                    tr.add_observation(filler(observation_tokens))
+            transcripts.append(tr)
+            episodes.append(q)
+    n = len(transcripts)
+    return M.Rollouts(**M.collate(transcripts, tok.pad_token_id), rewards=torch.tensor([float(i % 2) for i in range(n)]),
+                      answers=[q.answers[0] for q in episodes], turns=torch.full((n,), cfg["MAX_TURNS"]),
+                      questions=episodes)
+
+
+def probe_memory(shape, checkpointing, dry, path):
+    """Two RL updates (EviSD, the Qwen preset) of a random model of ``shape`` on the worst-case
+    batch: peak memory, memory held between steps, seconds per update; written to ``path``."""
+    preset = os.path.join(ROOT, "config", "qwen2.5-0.5b-instruct.py")
+    cfg, _, _ = train.configure([preset, f"--DEVICE={'cpu' if dry else 'cuda'}"] + (DRY_ROLLOUT if dry else []))
+    device, dtype = runs.pick_device(cfg)
+    prompt_tokens, observation_tokens = (20, 20) if dry else (PROMPT_TOKENS, OBSERVATION_TOKENS)
+    tok = M.build_tokenizer(M.tokenizer_texts(seeds=(0,)))
+    world = tw.make_world(0)
+    batch = worst_case_rollouts(cfg, tok, world, prompt_tokens, observation_tokens)
+    config = Qwen2Config(**SHAPES[shape], **COMMON_SHAPE, pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id)
+    torch.manual_seed(0)
+    with torch.device(device):
+        lm = Qwen2ForCausalLM(config)        # float32 weights, as train.py holds the policy
+    if checkpointing:
+        M.enable_checkpointing(lm)
+    ref = copy.deepcopy(lm).to(dtype).eval().requires_grad_(False)
+    opt = torch.optim.AdamW(lm.parameters(), lr=cfg["LR"], weight_decay=0.0)
+    policy = train.SyncedPolicy(lm)
+    cuda = device.type == "cuda"
+    if cuda:
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+    seconds = []
+    for _ in range(2):
+        t0 = time.perf_counter()
+        metrics = train.update(cfg, batch, world, policy, lm, ref, tok, opt, device, dtype)
+        if cuda:
+            torch.cuda.synchronize()
+        seconds.append(round(time.perf_counter() - t0, 2))
+    params = sum(p.numel() for p in lm.parameters())
+    hidden, layers, mlp = SHAPES[shape]["hidden_size"], SHAPES[shape]["num_hidden_layers"], SHAPES[shape]["intermediate_size"]
+    tokens = int(batch.attention_mask.numel())
+    # The estimate's formula (docs/one-gpu.md): 20 bytes per parameter, and with checkpointing each layer's bf16 input,
+    # one layer's recompute and one 2^27-logit chunk of the head.
+    estimate = 20 * params + (tokens * (2 * hidden * layers + 2 * (7 * hidden + 4 * mlp)) + 4 * 2**27
+                              if checkpointing else 0)
+    result = {"params": params, "episodes": batch.input_ids.shape[0], "tokens_per_episode": batch.input_ids.shape[1],
+              "update_s": seconds, "modulated_frac": round(metrics.get("modulated_frac", 0.0), 3),
+              "finite_loss": bool(metrics.get("nonfinite_loss", 0) == 0),
+              "readme_formula_gb": round(estimate / 1e9, 1) if checkpointing else None,
+              "readme_table_gb": README_ESTIMATE_GB.get((shape, checkpointing))}
+    if cuda:
+        result["peak_gb"] = round(torch.cuda.max_memory_allocated() / 1e9, 2)
+        result["held_between_steps_gb"] = round(torch.cuda.memory_allocated() / 1e9, 2)
+    else:
+        result["peak_rss_gb"] = round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1e6, 2)
+    with open(path, "w") as f:
+        json.dump(result, f, indent=1)
+
+
+def main(argv):
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("shape", choices=sorted(SHAPES))
+    ap.add_argument("--checkpointing", type=int, default=1, help="1: GRADIENT_CHECKPOINTING on")
+    ap.add_argument("--dry", action="store_true", help="CPU and a tiny batch")
+    ap.add_argument("--json", required=True, help="where the figures go")
+    args = ap.parse_args(argv)
+    probe_memory(args.shape, bool(args.checkpointing), args.dry, args.json)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
