@@ -298,11 +298,11 @@ def rollout(model, tokenizer, env_factory, questions, group_size=1, max_turns=4,
         new = out[:, ids.shape[1]:]
         kept = torch.zeros_like(new)          # 1 where a generated token belongs to its transcript
         observations = []
-        for r, i in enumerate(rows):
-            tokens, text = cut_turn(tokenizer, new[r].tolist(), eos_ids, pad_id)
+        cuts = [cut_turn(tokenizer, new[r].tolist(), eos_ids, pad_id) for r in range(len(rows))]
+        results = se.step_all([envs[i] for i in rows], [text for _, text in cuts])  # one retrieval call per turn
+        for r, (i, (tokens, text), result) in enumerate(zip(rows, cuts, results)):
             kept[r, :len(tokens)] = 1
             turn_texts[i].append(text)
-            result = envs[i].step(text)
             kind = result.action.kind
             transcripts[i].add_turn(tokens, kind, turn, action_start(tokenizer, tokens, text, kind))
             obs = tokenizer.encode(result.observation, add_special_tokens=False) if result.observation else []

@@ -9,13 +9,17 @@ demonstrator and its oracle are in toy_world.py.
   the model writes ``<search> q </search>`` and receives ``<information> ... </information>``,
   until it writes ``<answer> a </answer>``.
 * ``exact_match`` is the reward (SQuAD normalisation).
-* ``load_jsonl`` reads a real corpus and question file into the same ``World``.
+
+A retriever is anything with ``search(query, k)`` and ``search_batch(queries, k)`` returning
+``Doc`` lists: a ``World`` (BM25 over its corpus), or one of real_data.py's (a question's own
+paragraphs, Search-R1's retrieval server). ``SearchEnv`` is given one and never asks which.
 """
-import json
+import array
 import re
 import string
 import unicodedata
 from dataclasses import dataclass, field
+from functools import cached_property
 
 import numpy as np
 
@@ -31,12 +35,12 @@ INSTRUCTION = "answer the question. use <search> query </search> to search, then
 
 
 # ----------------------------------------------------------------------------- normalisation
-_PUNCT = set(string.punctuation)
+_DROP_PUNCT = str.maketrans("", "", string.punctuation)
 
 
 def normalize_answer(text):
     """SQuAD normalisation: lower-case, drop punctuation and the articles a/an/the, squeeze spaces."""
-    text = "".join(ch for ch in text.lower() if ch not in _PUNCT)
+    text = text.lower().translate(_DROP_PUNCT)   # one C call: BM25 tokenises a million passages with it
     text = re.sub(r"\b(a|an|the)\b", " ", text)
     return " ".join(text.split())
 
@@ -84,7 +88,11 @@ class World:
     def __post_init__(self):
         self.doc_by_id = {d.id: d for d in self.docs}
         self.doc_by_title = {d.title: d for d in self.docs}
-        self.bm25 = BM25([d.title + " " + d.text for d in self.docs])
+
+    @cached_property
+    def bm25(self):
+        """Built on the first search: a world whose questions search elsewhere never builds it."""
+        return BM25([d.title + " " + d.text for d in self.docs])
 
     def split(self, name):
         return [q for q in self.questions if q.split == name]
@@ -92,6 +100,14 @@ class World:
     def search(self, query, k=3):
         """Doc objects of the top-k BM25 hits for a query."""
         return [self.docs[i] for i in self.bm25.search_indices(query, k)]
+
+    def search_batch(self, queries, k=3):
+        return [self.search(q, k) for q in queries]
+
+    def retriever(self, question):
+        """What serves a question's searches: here the whole corpus. real_data.py's worlds give
+        a HotpotQA question its own paragraphs, or send every search to a retrieval server."""
+        return self
 
     def evidence_docs(self, question):
         return [self.doc_by_id[i] for i in question.evidence]
@@ -103,19 +119,22 @@ class BM25:
     ``bincount`` over the postings of its terms, whatever the corpus size."""
 
     def __init__(self, texts, k1=1.2, b=0.75):
-        docs = [tokenize(t) for t in texts]
-        self.n_docs = len(docs)
-        self.vocab = {}
-        term_ids = [self.vocab.setdefault(w, len(self.vocab)) for d in docs for w in d]
-        doc_ids = np.repeat(np.arange(self.n_docs), [len(d) for d in docs])
-        lengths = np.array([len(d) for d in docs], dtype=np.float64)
+        self.vocab, term_ids, lengths = {}, array.array("q"), array.array("q")
+        for text in texts:   # one passage at a time: a million passages never exist as token lists
+            n = len(term_ids)
+            term_ids.extend(self.vocab.setdefault(w, len(self.vocab)) for w in tokenize(text))
+            lengths.append(len(term_ids) - n)
+        self.n_docs = len(lengths)
+        doc_ids = np.repeat(np.arange(self.n_docs), np.frombuffer(lengths, dtype=np.int64))
+        lengths = np.frombuffer(lengths, dtype=np.int64).astype(np.float64)
+        term_ids = np.frombuffer(term_ids, dtype=np.int64)
         # One key per (term, doc) pair; unique() sorts by term and counts term frequencies.
-        keys, tf = np.unique(np.asarray(term_ids, dtype=np.int64) * self.n_docs + doc_ids,
-                             return_counts=True)
+        keys, tf = np.unique(term_ids * self.n_docs + doc_ids, return_counts=True)
+        del term_ids, doc_ids
         term, doc = keys // self.n_docs, keys % self.n_docs
         df = np.bincount(term, minlength=len(self.vocab))
         idf = np.log(1.0 + (self.n_docs - df + 0.5) / (df + 0.5))  # Lucene's, never negative
-        norm = k1 * (1.0 - b + b * lengths[doc] / max(lengths.mean(), 1e-9))
+        norm = k1 * (1.0 - b + b * lengths[doc] / max(lengths.mean() if self.n_docs else 0.0, 1e-9))
         self.post_doc = doc
         self.post_weight = idf[term] * tf * (k1 + 1.0) / (tf + norm)
         self.offsets = np.searchsorted(term, np.arange(len(self.vocab) + 1))
@@ -131,10 +150,13 @@ class BM25:
                            minlength=self.n_docs)
 
     def search_indices(self, query, k=3):
-        """Indices of the top-k documents with a positive score; ties go to the lower index."""
+        """Indices of the top-k documents with a positive score; ties go to the lower index.
+        The k-th best score comes from a partition, O(n_docs), and only the documents scoring
+        at least that much are sorted: a query never sorts the whole corpus."""
         s = self.scores(query)
-        top = np.argsort(-s, kind="stable")[:k]
-        return [int(i) for i in top if s[i] > 0]
+        kth = np.partition(s, len(s) - k)[len(s) - k] if k < len(s) else 0.0
+        candidates = np.flatnonzero(s >= max(kth, np.finfo(np.float64).tiny))   # ascending index
+        return [int(i) for i in candidates[np.argsort(-s[candidates], kind="stable")][:k]]
 
     def search(self, query, k=3):
         """(doc index, score) pairs of the top-k hits, best first."""
@@ -226,14 +248,15 @@ class StepResult:
 
 
 class SearchEnv:
-    """One multi-turn episode for one question: each generated turn in, an observation out."""
+    """One multi-turn episode for one question: each generated turn in, an observation out.
+    ``retriever`` answers its searches (a World, or see the module docstring)."""
 
-    def __init__(self, world, question, max_turns=4, top_k=3):
+    def __init__(self, retriever, question, max_turns=4, top_k=3):
         if max_turns < 1:
             raise ValueError(f"max_turns must be >= 1, got {max_turns}")
         if top_k < 1:
             raise ValueError(f"top_k must be >= 1, got {top_k}")
-        self.world, self.question = world, question
+        self.retriever, self.question = retriever, question
         self.max_turns, self.top_k = max_turns, top_k
         self.turns, self.done, self.reward, self.answer = 0, False, 0.0, None
 
@@ -241,7 +264,8 @@ class SearchEnv:
         """The plain-text prompt (model.render_prompt wraps it in a chat template if any)."""
         return f"{INSTRUCTION}\nquestion: {self.question.question}\n"
 
-    def step(self, turn_text):
+    def step(self, turn_text, retrieved=None):
+        """One turn. ``retrieved``: its search's documents when step_all fetched them already."""
         if self.done:
             raise RuntimeError("step() called on a finished episode")
         self.turns += 1
@@ -254,59 +278,24 @@ class SearchEnv:
             self.done = True
             return StepResult("", True, 0.0, action)
         if action.kind == "search":
-            obs = format_information(self.world.search(action.content, self.top_k))
+            docs = self.retriever.search(action.content, self.top_k) if retrieved is None else retrieved
+            obs = format_information(docs)
         else:
             obs = INVALID_OBSERVATION
         return StepResult(obs, False, 0.0, action)
 
 
-# ----------------------------------------------------------------------------- real data
-def _read_jsonl(path):
-    with open(path, encoding="utf-8") as f:
-        for n, line in enumerate(f, 1):
-            if line.strip():
-                try:
-                    yield n, json.loads(line)
-                except json.JSONDecodeError as e:
-                    raise ValueError(f"{path}:{n}: not valid JSON ({e.msg})") from None
-
-
-def load_jsonl(corpus_path, questions_path):
-    """A World from a real corpus and question file (Search-R1 / FlashRAG style JSONL).
-
-    corpus lines: ``{"id", "title", "text"}`` or ``{"id", "contents"}`` (first line = title);
-    question lines: ``question``, ``golden_answers`` or ``answers``, optional
-    ``supporting_facts``/``evidence`` (doc titles or ids), optional ``split`` and ``id``.
-    """
-    docs = []
-    for n, row in _read_jsonl(corpus_path):
-        if "id" not in row:
-            raise ValueError(f"{corpus_path}:{n}: missing field 'id'")
-        if "contents" in row:
-            title, _, text = row["contents"].partition("\n")
-            docs.append(Doc(str(row["id"]), title.strip().strip('"'), text.strip()))
-        elif "title" in row and "text" in row:
-            docs.append(Doc(str(row["id"]), row["title"], row["text"]))
-        else:
-            raise ValueError(f"{corpus_path}:{n}: missing field 'contents' (or 'title' and 'text')")
-    by_id = {d.id: d.id for d in docs}
-    by_title = {d.title: d.id for d in docs}
-    questions = []
-    for n, row in _read_jsonl(questions_path):
-        if "question" not in row:
-            raise ValueError(f"{questions_path}:{n}: missing field 'question'")
-        answers = row.get("golden_answers", row.get("answers"))
-        if not answers:
-            raise ValueError(f"{questions_path}:{n}: missing field 'golden_answers' (or 'answers')")
-        answers = [answers] if isinstance(answers, str) else [str(a) for a in answers]
-        evidence = []
-        for ref in row.get("supporting_facts", row.get("evidence", [])):
-            ref = ref[0] if isinstance(ref, list) else str(ref)  # HotpotQA: [title, sentence]
-            doc = by_id.get(ref) or by_title.get(ref)
-            if doc is None:
-                raise ValueError(f"{questions_path}:{n}: evidence {ref!r} is no doc id or title in {corpus_path}")
-            if doc not in evidence:
-                evidence.append(doc)
-        questions.append(Question(str(row.get("id", f"q{n}")), row["question"], answers, evidence,
-                                  max(1, len(evidence)), row.get("split", "test")))
-    return World(docs, questions)
+def step_all(envs, turn_texts):
+    """``env.step(text)`` for every env and its turn, with all of the turn's searches that go to
+    one retriever sent in one ``search_batch`` call: one request per turn to a retrieval server,
+    however many episodes are playing. A search on an episode's last turn is never run."""
+    batches = {}                       # (retriever, top_k) -> [(env index, query)]
+    for i, (env, text) in enumerate(zip(envs, turn_texts)):
+        action = parse_action(text)
+        if action.kind == "search" and not env.done and env.turns + 1 < env.max_turns:
+            batches.setdefault((id(env.retriever), env.top_k), []).append((i, action.content))
+    retrieved = {}
+    for items in batches.values():
+        env = envs[items[0][0]]
+        retrieved.update(zip([i for i, _ in items], env.retriever.search_batch([q for _, q in items], env.top_k)))
+    return [env.step(text, retrieved.get(i)) for i, (env, text) in enumerate(zip(envs, turn_texts))]

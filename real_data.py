@@ -1,0 +1,442 @@
+"""Real questions and real retrieval: HotpotQA, 2WikiMultiHopQA, MuSiQue and Search-R1's files,
+searched in memory by BM25 or through Search-R1's retrieval server; the teacher's evidence and
+the oracle's labels on real data.
+
+A dataset becomes what the toy world is to the rest of the code: a ``RealWorld`` holds one
+split's questions, hands ``SearchEnv`` the retriever that serves each of them, and gives EviSD's
+teacher its evidence. train.py's DATA names the format, read as distributed:
+
+* ``hotpotqa`` and ``2wiki``: a JSON list of ``_id``, ``question``, ``answer``,
+  ``supporting_facts`` ([title, sentence] pairs) and ``context`` ([title, [sentences]] pairs).
+  Each question's own paragraphs are its corpus (the distractor setting) unless CORPUS or
+  RETRIEVER_URL is given.
+* ``musique``: JSONL; ``paragraphs`` of ``title``, ``paragraph_text``, ``is_supporting``.
+* ``jsonl``: Search-R1 / FlashRAG questions (``question``, ``golden_answers``) searching one
+  shared corpus: CORPUS, ``{"id", "contents"}`` lines whose first line is the quoted title
+  (wiki-18), by BM25 in memory, or RETRIEVER_URL, Search-R1's server (``ServerRetriever``).
+
+EVIDENCE, what the teacher reads before a search: ``supporting`` paragraphs (none where the
+data has none); ``answer_passages``, the passages the question itself retrieves that contain a
+golden answer; ``answer_only``, no evidence block (the answer block alone); ``auto``, supporting
+where a question has them, else answer_passages.
+Bad input stops with one line naming the file and line (or item), or the URL and status.
+"""
+import dataclasses
+import http.client
+import json
+import os
+import time
+import urllib.error
+import urllib.request
+from collections import Counter
+from dataclasses import dataclass, field
+
+import model as M
+import search_env as se
+import toy_world as tw
+from search_env import Doc, exact_match, normalize_answer, parse_action
+
+FORMATS = ("toy", "hotpotqa", "2wiki", "musique", "jsonl")
+EVIDENCE_RULES = ("auto", "supporting", "answer_passages", "answer_only")
+VALIDATION_QUESTIONS = 500   # the train file's first ones (at most a tenth): for choosing settings, never trained on
+OWN_CORPORA_KEPT = 4096      # per-question BM25 indexes kept at once (a HotpotQA train split has 90k)
+# The retrieval server: a request with no answer in SERVER_TIMEOUT_S, a refused connection or a
+# 5xx status is sent again after 2, 4, 8, 16 s; after the last attempt the run saves and stops.
+SERVER_TIMEOUT_S = 60.0
+SERVER_ATTEMPTS = 5
+SERVER_BACKOFF_S = 2.0
+
+
+class DataError(SystemExit):
+    """Bad data or data settings, as one line naming the file and line (or the URL and status).
+    A SystemExit, so a command line prints that line and no traceback."""
+
+
+class RetrieverError(DataError):
+    """The retrieval server failed for good; train.py saves a checkpoint before it stops."""
+
+
+@dataclass
+class RealQuestion(se.Question):
+    support: list = field(default_factory=list)        # the data's supporting paragraphs (Docs)
+    context: list = field(default_factory=list)        # the question's own paragraphs (HotpotQA, 2Wiki, MuSiQue)
+    intermediates: list = field(default_factory=list)  # entities of the chain before its last hop, where the data tells
+
+
+# ----------------------------------------------------------------------------- reading files
+def _jsonl(path):
+    """(line number, object) for each non-blank line of a JSONL file, read one line at a time."""
+    try:
+        f = open(path, "rb")
+    except OSError as e:
+        raise DataError(f"{path}: cannot read ({e.strerror})") from None
+    with f:
+        for n, raw in enumerate(f, 1):
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as e:
+                raise DataError(f"{path}:{n}: not UTF-8 (byte 0x{raw[e.start]:02x} at column {e.start + 1})") from None
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise DataError(f"{path}:{n}: not valid JSON ({e.msg})") from None
+            if not isinstance(row, dict):
+                raise DataError(f"{path}:{n}: expected a JSON object, got {type(row).__name__}")
+            yield n, row
+
+
+def _json_list(path):
+    """A file holding one JSON list (HotpotQA's layout: the whole file is one line)."""
+    try:
+        with open(path, "rb") as f:
+            raw = f.read()
+    except OSError as e:
+        raise DataError(f"{path}: cannot read ({e.strerror})") from None
+    try:
+        rows = json.loads(raw.decode("utf-8"))
+    except UnicodeDecodeError as e:
+        line = raw.count(b"\n", 0, e.start) + 1
+        raise DataError(f"{path}:{line}: not UTF-8 (byte 0x{raw[e.start]:02x} at offset {e.start})") from None
+    except json.JSONDecodeError as e:
+        raise DataError(f"{path}:{e.lineno}: not valid JSON ({e.msg} at column {e.colno})") from None
+    if not isinstance(rows, list):
+        raise DataError(f"{path}: expected a JSON list of questions, got a {type(rows).__name__}")
+    return rows
+
+
+def _field(row, name, where, kind=str):
+    """``row[name]``, which must be there, of type ``kind`` and not empty."""
+    if not isinstance(row, dict):
+        raise DataError(f"{where}: expected a JSON object, got {type(row).__name__}")
+    if name not in row:
+        raise DataError(f"{where}: missing field {name!r}")
+    value = row[name]
+    if not isinstance(value, kind) or (isinstance(value, str) and not value.strip()):
+        what = getattr(kind, "__name__", "string or number")
+        raise DataError(f"{where}: field {name!r} must be a non-empty {what}, got {json.dumps(value)[:60]}")
+    return value
+
+
+def _doc(row, where, error=DataError):
+    """A Doc from a corpus line or a server's hit: Search-R1's ``{"id", "contents"}`` with the
+    quoted title on the first line of contents, or ``{"id", "title", "text"}``."""
+    if not isinstance(row, dict) or "id" not in row:
+        raise error(f"{where}: missing field 'id'")
+    if isinstance(row.get("contents"), str):
+        title, _, text = row["contents"].partition("\n")
+        return Doc(str(row["id"]), title.strip().strip('"'), " ".join(text.split()))
+    if isinstance(row.get("title"), str) and isinstance(row.get("text"), str):
+        return Doc(str(row["id"]), row["title"], " ".join(row["text"].split()))
+    raise error(f"{where}: missing field 'contents' (or 'title' and 'text')")
+
+
+def read_corpus(path):
+    """A shared corpus as a World (searched by BM25, built on the first search)."""
+    docs = [_doc(row, f"{path}:{n}") for n, row in _jsonl(path)]
+    if not docs:
+        raise DataError(f"{path}: no documents")
+    return se.World(docs, [])
+
+
+# ----------------------------------------------------------------------------- formats
+def read_hotpotqa(path, corpus=None):
+    """HotpotQA's layout, also 2WikiMultiHopQA's: every question with its own paragraphs."""
+    questions = []
+    for n, row in enumerate(_json_list(path)):
+        where = f"{path}: item {n}"
+        qid = str(_field(row, "_id", where, (str, int)))
+        where += f" (_id {qid})"
+        context = row.get("context")
+        if not isinstance(context, list) or not context:
+            raise DataError(f"{where}: empty context" if context in ([], None) else f"{where}: context is not a list")
+        docs = []
+        for i, par in enumerate(context):
+            if not (isinstance(par, list) and len(par) == 2 and isinstance(par[0], str) and isinstance(par[1], list)):
+                raise DataError(f"{where}: context[{i}] is not a [title, [sentences]] pair")
+            # Sentences carry their own leading spaces; squeeze what is left.
+            docs.append(Doc(f"{qid}:{i}", par[0], " ".join("".join(map(str, par[1])).split())))
+        by_title, support = {d.title: d for d in docs}, []
+        for fact in _field(row, "supporting_facts", where, list):
+            title = fact[0] if isinstance(fact, list) and fact else fact
+            if title not in by_title:
+                raise DataError(f"{where}: supporting fact {title!r} names no paragraph of its context")
+            if by_title[title] not in support:
+                support.append(by_title[title])
+        answer = _field(row, "answer", where)
+        questions.append(RealQuestion(qid, _field(row, "question", where), [answer], [d.id for d in support],
+                                      max(1, len(support)), support=support, context=docs,
+                                      intermediates=_intermediates(row, support, answer)))
+    return questions
+
+
+def _intermediates(row, support, answer):
+    """Entities of the chain before its last hop, where the data tells: the objects of 2Wiki's
+    evidence triples but the last (compositional and inference questions), or the bridge of a
+    HotpotQA bridge question: the one supporting title that the other supporting paragraph
+    names. Empty where the data cannot tell (comparison questions, an ambiguous bridge)."""
+    if row.get("type") in ("compositional", "inference") and isinstance(row.get("evidences"), list):
+        return [str(t[2]) for t in row["evidences"][:-1] if isinstance(t, list) and len(t) == 3]
+    if row.get("type") == "bridge" and len(support) == 2:
+        a, b = support
+        named = [x.title for x, y in ((a, b), (b, a))
+                 if f" {normalize_answer(x.title)} " in f" {normalize_answer(y.text)} "]
+        if len(named) == 1 and not exact_match(named[0], [answer]):
+            return named
+    return []
+
+
+def read_musique(path, corpus=None):
+    """MuSiQue's JSONL: paragraphs marked ``is_supporting``, and the question's decomposition,
+    whose answers but the last are the chain's intermediate entities. Unanswerable questions
+    (MuSiQue-Full) are left out: there is no answer to reward."""
+    questions = []
+    for n, row in _jsonl(path):
+        where = f"{path}:{n}"
+        if row.get("answerable") is False:
+            continue
+        qid, pars = str(_field(row, "id", where, (str, int))), row.get("paragraphs")
+        if not isinstance(pars, list) or not pars:
+            raise DataError(f"{where}: empty paragraphs" if pars in ([], None) else f"{where}: paragraphs is not a list")
+        docs, support = [], []
+        for i, p in enumerate(pars):
+            if not (isinstance(p, dict) and isinstance(p.get("title"), str) and isinstance(p.get("paragraph_text"), str)):
+                raise DataError(f"{where}: paragraphs[{i}] needs a 'title' and a 'paragraph_text'")
+            docs.append(Doc(f"{qid}:{i}", p["title"], " ".join(p["paragraph_text"].split())))
+            if p.get("is_supporting"):
+                support.append(docs[-1])
+        steps = [s for s in row.get("question_decomposition") or [] if isinstance(s, dict)]
+        answers = [_field(row, "answer", where)] + [str(a) for a in row.get("answer_aliases") or []]
+        questions.append(RealQuestion(qid, _field(row, "question", where), answers, [d.id for d in support],
+                                      max(1, len(steps), len(support)), support=support, context=docs,
+                                      intermediates=[str(s["answer"]) for s in steps[:-1] if s.get("answer")]))
+    return questions
+
+
+def read_jsonl_questions(path, corpus=None):
+    """Search-R1 / FlashRAG questions: ``question``, ``golden_answers`` (or ``answers``), an
+    optional ``id``, and optional ``supporting_facts``/``evidence``: titles or ids of CORPUS
+    documents, resolved when the corpus is in memory (a server's corpus cannot be looked up)."""
+    questions = []
+    for n, row in _jsonl(path):
+        where = f"{path}:{n}"
+        question = _field(row, "question", where)
+        answers = row.get("golden_answers", row.get("answers"))
+        answers = [answers] if isinstance(answers, str) else answers
+        if not isinstance(answers, list) or not answers:
+            raise DataError(f"{where}: missing field 'golden_answers' (or 'answers')")
+        support = []
+        for ref in row.get("supporting_facts", row.get("evidence", [])) if corpus is not None else []:
+            ref = str(ref[0] if isinstance(ref, list) and ref else ref)   # HotpotQA style: [title, sentence]
+            doc = corpus.doc_by_id.get(ref) or corpus.doc_by_title.get(ref)
+            if doc is None:
+                raise DataError(f"{where}: evidence {ref!r} is no document id or title of the corpus")
+            if doc not in support:
+                support.append(doc)
+        questions.append(RealQuestion(str(row.get("id", f"q{n}")), question, [str(a) for a in answers],
+                                      [d.id for d in support], max(1, len(support)), support=support))
+    return questions
+
+
+READERS = {"hotpotqa": read_hotpotqa, "2wiki": read_hotpotqa, "musique": read_musique, "jsonl": read_jsonl_questions}
+
+
+# ----------------------------------------------------------------------------- Search-R1's retrieval server
+class ServerRetriever:
+    """Search-R1's retrieval server (search_r1/search/retrieval_server.py): ``POST /retrieve``
+    with ``{"queries": [...], "topk": k, "return_scores": true}``, answered by
+    ``{"result": [[{"document": {"id", "contents"}, "score"}, ...], ...]}``, one list per query."""
+    remote = True   # label_actions does not search through it a second time
+
+    def __init__(self, url, timeout=None, attempts=None, backoff=None):
+        self.url = url
+        self.timeout = SERVER_TIMEOUT_S if timeout is None else timeout
+        self.attempts = SERVER_ATTEMPTS if attempts is None else attempts
+        self.backoff = SERVER_BACKOFF_S if backoff is None else backoff
+        self.requests = 0   # answered requests
+
+    def search(self, query, k=3):
+        return self.search_batch([query], k)[0]
+
+    def search_batch(self, queries, k=3):
+        """Doc lists, one per query, from one request."""
+        payload = self._post(json.dumps({"queries": list(queries), "topk": k, "return_scores": True}).encode())
+        try:
+            answer = json.loads(payload)
+        except ValueError:   # not JSON, or not UTF-8
+            raise RetrieverError(f"{self.url}: the answer is not JSON ({payload[:60]!r}); RETRIEVER_URL must "
+                                 "be the /retrieve address of Search-R1's retrieval server") from None
+        result = answer.get("result") if isinstance(answer, dict) else None
+        if not (isinstance(result, list) and len(result) == len(queries) and all(isinstance(h, list) for h in result)):
+            raise RetrieverError(f"{self.url}: expected {{\"result\": [...]}} holding one list of hits for each of "
+                                 f"the {len(queries)} queries, got {json.dumps(answer)[:80]}")
+        return [[_doc(h.get("document", h) if isinstance(h, dict) else h, f"{self.url}: result[{i}][{j}]",
+                      RetrieverError) for j, h in enumerate(hits[:k])] for i, hits in enumerate(result)]
+
+    def _post(self, body):
+        """The answer's bytes. Refused connections, timeouts and 5xx statuses are retried with
+        exponential backoff; a 4xx status means a wrong address and stops at once."""
+        request = urllib.request.Request(self.url, data=body, headers={"Content-Type": "application/json"})
+        waited = 0.0
+        for attempt in range(self.attempts):
+            try:
+                with urllib.request.urlopen(request, timeout=self.timeout) as response:
+                    payload = response.read()
+                self.requests += 1
+                return payload
+            except urllib.error.HTTPError as e:
+                if e.code < 500:
+                    raise RetrieverError(f"{self.url}: HTTP {e.code} {e.reason}; RETRIEVER_URL must be the /retrieve "
+                                         "address of Search-R1's retrieval server (http://HOST:8000/retrieve)") from None
+                why = f"HTTP {e.code} {e.reason}"
+            except (OSError, http.client.HTTPException) as e:   # refused, unreachable, timed out, cut off
+                why = str(getattr(e, "reason", None) or e) or type(e).__name__
+            if attempt + 1 < self.attempts:
+                time.sleep(self.backoff * 2 ** attempt)
+                waited += self.backoff * 2 ** attempt
+        raise RetrieverError(f"{self.url}: {why} on all {self.attempts} attempts over {waited:.0f} s; "
+                             "is the retrieval server running?")
+
+
+# ----------------------------------------------------------------------------- a split as a world
+def contains_answer(doc, answers):
+    """Whether a golden answer occurs in the passage, as whole words after normalisation."""
+    text = f" {normalize_answer(doc.title + ' ' + doc.text)} "
+    return any(f" {a} " in text for a in map(normalize_answer, answers) if a)
+
+
+class RealWorld(se.World):
+    """One split of a real dataset as a World: its questions, the retriever that serves each
+    question, and the teacher's evidence under an EVIDENCE rule (module docstring)."""
+
+    def __init__(self, questions, name, shared=None, evidence="auto", top_k=3):
+        super().__init__(docs=[], questions=questions)
+        self.name, self.shared, self.rule, self.top_k = name, shared, evidence, top_k
+        self._own, self._passages = {}, {}
+
+    def retriever(self, question):
+        """The shared corpus or server if there is one, else the question's own paragraphs."""
+        if self.shared is not None:
+            return self.shared
+        if question.qid not in self._own:
+            if len(self._own) >= OWN_CORPORA_KEPT:
+                self._own.clear()
+            self._own[question.qid] = se.World(question.context, [])
+        return self._own[question.qid]
+
+    def evidence_docs(self, question):
+        rule = self.rule if self.rule != "auto" else "supporting" if question.support else "answer_passages"
+        if rule == "supporting":
+            return question.support
+        if rule == "answer_only":
+            return []
+        if question.qid not in self._passages:   # answer_passages: one search per question, kept
+            docs = self.retriever(question).search(question.question, self.top_k)
+            self._passages[question.qid] = [d for d in docs if contains_answer(d, question.answers)]
+        return self._passages[question.qid]
+
+
+_cache = {}   # files are read, and servers and corpora set up, once per process
+
+
+def _once(key, make):
+    if key not in _cache:
+        _cache[key] = make()
+    return _cache[key]
+
+
+def is_real(cfg):
+    return cfg.get("DATA", "toy") != "toy"   # a run saved before DATA existed is a toy run
+
+
+def dataset(cfg, split):
+    """The RealWorld of a split: ``train`` (RL), ``validation`` (the train file's first
+    VALIDATION_QUESTIONS, at most a tenth of it, never trained on) or ``dev`` (evaluate.py)."""
+    name = "DATA_DEV" if split == "dev" else "DATA_TRAIN"
+    path, url, corpus = cfg[name], cfg["RETRIEVER_URL"], cfg["CORPUS"]
+    if not path:
+        raise DataError(f"DATA={cfg['DATA']!r}: the {split} split needs {name}, the path of its file")
+
+    def make():
+        shared = (_once(("server", url), lambda: ServerRetriever(url)) if url
+                  else _once(("corpus", corpus), lambda: read_corpus(corpus)) if corpus else None)
+        questions = _once(("questions", cfg["DATA"], path, corpus),
+                          lambda: READERS[cfg["DATA"]](path, shared if corpus else None))
+        held = min(VALIDATION_QUESTIONS, len(questions) // 10)
+        part = {"train": questions[held:], "validation": questions[:held], "dev": questions}[split]
+        if not part:
+            raise DataError(f"{path}: no {split} questions (validation takes the first tenth of the train "
+                            f"file, at most {VALIDATION_QUESTIONS})")
+        return RealWorld([dataclasses.replace(q, split=split) for q in part], split, shared,
+                         cfg["EVIDENCE"], cfg["TOP_K"])
+    return _once(("world", split, path, cfg["DATA"], url, corpus, cfg["EVIDENCE"], cfg["TOP_K"]), make)
+
+
+def check_config(cfg):
+    """Stop before any work when the data settings cannot make a meaningful run (runs.Schema)."""
+    data = cfg["DATA"]
+    if data == "toy":
+        return
+    if cfg["MODEL"] in M.SIZES:
+        raise DataError(f"DATA={data!r} needs a pretrained model: the embedded {cfg['MODEL']!r} model has only "
+                        "ever read the toy world; add config/qwen2.5-0.5b-instruct.py, or --MODEL=<HF name or directory>")
+    if cfg["SFT_STEPS"]:
+        raise DataError(f"SFT_STEPS={cfg['SFT_STEPS']}: the warm-up imitates the toy world's demonstrator, which "
+                        f"DATA={data!r} has not; use --SFT_STEPS=0 (Search-R1 starts RL from the instruct model)")
+    if cfg["CORPUS"] and cfg["RETRIEVER_URL"]:
+        raise DataError("CORPUS and RETRIEVER_URL are both set: give one (searches go to one of them)")
+    if data == "jsonl" and not (cfg["CORPUS"] or cfg["RETRIEVER_URL"]):
+        raise DataError("DATA='jsonl' questions search a shared corpus: set CORPUS (a JSONL of {\"id\", \"contents\"}, "
+                        "BM25 in memory) or RETRIEVER_URL (Search-R1's retrieval server)")
+    if cfg["RETRIEVER_URL"] and not cfg["RETRIEVER_URL"].startswith(("http://", "https://")):
+        raise DataError(f"RETRIEVER_URL={cfg['RETRIEVER_URL']!r}: expected an address like http://127.0.0.1:8000/retrieve")
+    for name, needed in (("DATA_TRAIN", cfg["RL_STEPS"] > 0), ("DATA_DEV", cfg["EVAL_EVERY"] > 0),
+                         ("CORPUS", bool(cfg["CORPUS"]))):
+        if needed and not os.path.isfile(cfg[name]):
+            raise DataError(f"{name}={cfg[name]!r}: no such file; DATA={data!r} needs it "
+                            "(the README's 'Real data' section says where to get the files)")
+
+
+# ----------------------------------------------------------------------------- labels and scores
+def label_actions(question, world, turns, top_k=3):
+    """The oracle on real data, as far as the data can tell (toy_world.label_actions is the
+    toy's, with the same labels). A search is a ``hit`` when it retrieves a supporting
+    paragraph not seen before in the episode, a ``repeat`` when only seen ones, else a
+    ``miss``; an answer is ``correct`` (EM), ``premature`` (it names an entity of the chain
+    before its last hop, ``RealQuestion.intermediates``) or ``wrong``; a decision is right when
+    it answers with every supporting paragraph retrieved, or searches while one is missing.
+    Without supporting paragraphs, or where labelling would mean asking a server again, a
+    search and every decision are labelled None: the data cannot say."""
+    retriever = world.retriever(question)
+    known = bool(question.support) and not getattr(retriever, "remote", False)
+    support, seen, labels = {normalize_answer(d.title) for d in question.support}, set(), []
+    for text in turns:
+        action = parse_action(text)
+        complete = support <= seen
+        if action.kind == "search":
+            label = None
+            if known:   # paragraphs are told apart by title: a shared corpus has its own ids
+                found = {normalize_answer(d.title) for d in retriever.search(action.content, top_k)} & support
+                label = "hit" if found - seen else "repeat" if found else "miss"
+                seen |= found
+            labels.append(tw.ActionLabel("search", label, (not complete) if known else None))
+        elif action.kind == "answer":
+            label = ("correct" if exact_match(action.content, question.answers)
+                     else "premature" if exact_match(action.content, question.intermediates) else "wrong")
+            labels.append(tw.ActionLabel("answer", label, complete if known else None))
+        else:
+            labels.append(tw.ActionLabel("invalid", "invalid", None))
+    return labels
+
+
+def f1_score(prediction, answers):
+    """HotpotQA's answer F1 (SQuAD's token F1; yes, no and noanswer count only when they match
+    exactly), the best over the accepted answers; 0 without an answer."""
+    def f1(pred, gold):
+        p, g = normalize_answer(pred), normalize_answer(gold)
+        if p != g and {p, g} & {"yes", "no", "noanswer"}:
+            return 0.0
+        same = sum((Counter(p.split()) & Counter(g.split())).values())
+        return 0.0 if same == 0 else 2 * same / (len(p.split()) + len(g.split()))
+    return 0.0 if prediction is None else max(f1(prediction, a) for a in answers)
