@@ -29,6 +29,7 @@ import torch
 import evisd
 import grpo
 import model as M
+import real_data as rd
 import search_env as se
 import toy_world as tw
 
@@ -44,7 +45,8 @@ def episode_labels(rollouts, world, top_k):
     """The oracle labels of every episode of a Rollouts batch: a list (None where unknown)."""
     if rollouts.turn_texts is None:        # a batch built from transcripts, not played
         return [None] * len(rollouts.questions)
-    return [tw.label_actions(q, world, turns, top_k) for q, turns in zip(rollouts.questions, rollouts.turn_texts)]
+    label = rd.label_actions if isinstance(world, rd.RealWorld) else tw.label_actions   # real data's own oracle
+    return [label(q, world, turns, top_k) for q, turns in zip(rollouts.questions, rollouts.turn_texts)]
 
 
 def label_shares(labels):
@@ -54,6 +56,8 @@ def label_shares(labels):
     counts = defaultdict(int)
     for episode in labels:
         for a in episode or []:
+            if a.label is None:            # real data that cannot say (real_data.label_actions)
+                continue
             counts[a.kind] += 1
             counts[f"{a.kind}_{a.label}"] += 1
             counts["decision_wrong"] += a.decision_ok is False
@@ -75,7 +79,7 @@ def action_records(rollouts, labels, adv, gap, weight, tokenizer, rows):
     the one that completes the opening tag, found in the decoded span as model.rollout finds
     spans (one token for the embedded tokenizer, several for a pretrained one); the content is
     the rest of the span. A tag is good when its decision was right, content when its label is
-    in ``GOOD_LABELS``.
+    in ``GOOD_LABELS``; a part whose label is None (real data) gets no record.
     """
     records = []
     for i in rows:
@@ -88,8 +92,8 @@ def action_records(rollouts, labels, adv, gap, weight, tokenizer, rows):
             cut = start + M.tag_length(tokenizer, rollouts.input_ids[i, start:end].tolist(), kind)
             for part, (a, b), good, name in (
                     ("tag", (start, cut), lab.decision_ok, "right" if lab.decision_ok else "wrong"),
-                    ("content", (cut, end), lab.label in tw.GOOD_LABELS, lab.label)):
-                if b <= a:
+                    ("content", (cut, end), None if lab.label is None else lab.label in tw.GOOD_LABELS, lab.label)):
+                if b <= a or good is None:     # real data that cannot say: no record
                     continue
                 records.append(dict(kind=kind, part=part, label=name, good=bool(good),
                                     sign=1 if adv[i] > 0 else -1, adv=float(adv[i]), episode=i,
@@ -176,7 +180,7 @@ def report(lm, tokenizer, cfg, sets, seed=0, progress=None, variants=None):
     token_advs = {name: [] for name in configs}
     labels_all, all_adv, n_episodes, width = [], [], 0, 0
     for world, questions in sets:
-        env = lambda q: se.SearchEnv(world, q, max_turns=cfg["MAX_TURNS"], top_k=cfg["TOP_K"])
+        env = lambda q: se.SearchEnv(world.retriever(q), q, max_turns=cfg["MAX_TURNS"], top_k=cfg["TOP_K"])
         for c in range(0, len(questions), cfg["QUESTIONS_PER_STEP"]):
             chunk = questions[c:c + cfg["QUESTIONS_PER_STEP"]]
             torch.manual_seed(seed * 1_000_003 + n_episodes)
@@ -261,7 +265,7 @@ def show_episodes(lm, tok, cfg, world, qs, html_path, k):
     that agrees has A = 0, which training never asks the teacher about (its gap shows as 0)."""
     cfg = dict(cfg, METHOD="evisd")    # the teacher's gap, whichever method the run trained with
     torch.manual_seed(0)
-    env = lambda q: se.SearchEnv(world, q, max_turns=cfg["MAX_TURNS"], top_k=cfg["TOP_K"])
+    env = lambda q: se.SearchEnv(world.retriever(q), q, max_turns=cfg["MAX_TURNS"], top_k=cfg["TOP_K"])
     r = M.rollout(lm, tok, env, qs, group_size=4, max_turns=cfg["MAX_TURNS"],
                   max_new_tokens=cfg["MAX_NEW_TOKENS"], temperature=cfg["TEMPERATURE"])
     adv = grpo.group_advantages(r.rewards, 4)

@@ -14,6 +14,7 @@ question starts from) and 120 `ood` ones (3 hops); the headline ``macro`` is the
 1-hop and 2-hop EM, the splits RL can move. Runs whose names differ only in a trailing
 ``-s<seed>`` are aggregated as mean ± std; runs of different methods with the same SEED share a
 warm-up and are compared paired, seed by seed, against the GRPO runs.
+A real-data run (train.py's DATA) is scored on its dev split: EM (its macro) and answer F1, with intervals.
 """
 import argparse
 import json
@@ -28,6 +29,7 @@ from tqdm import tqdm
 
 import credit
 import model as M
+import real_data as rd
 import runs
 import search_env as se
 import toy_world as tw
@@ -37,6 +39,7 @@ HOPS = (1, 2, 3)             # 1 and 2 hops in `test`, 3 in `ood`
 MACRO_HOPS = (1, 2)          # the headline: ood (3 hops) stays near 0 for every run
 EVAL_WORLDS = 9              # ~1,090 test and 1,080 ood questions; one world's ~121 give EM ± 0.09
 CREDIT_QUESTIONS = 64        # held-out questions sampled GROUP_SIZE times for --credit
+EVAL_BATCH = 256             # questions per greedy rollout (a toy world has ~241, a real dev split thousands)
 
 
 # ----------------------------------------------------------------------------- held-out questions
@@ -49,6 +52,9 @@ def eval_world_seed(cfg, world_index, validation=False):
 
 def heldout_questions(cfg, split, n, world_index=0, validation=False):
     """n questions of a split of held-out (or validation) world ``world_index``, a fixed sample."""
+    if rd.is_real(cfg):   # real data: of its dev (or validation) split, whatever split and world
+        world = rd.dataset(cfg, "validation" if validation else "dev")
+        return world, random.Random(0).sample(world.questions, n) if n < len(world.questions) else world.questions
     seed = eval_world_seed(cfg, world_index, validation)
     world = tw.make_world(seed, scale=cfg["WORLD_SCALE"])
     qs = world.split(split)
@@ -57,23 +63,28 @@ def heldout_questions(cfg, split, n, world_index=0, validation=False):
 
 
 @torch.no_grad()
-def greedy_rewards(lm, tokenizer, cfg, world, questions, device=None, dtype=torch.float32):
-    """Greedy exact match of each question, [len(questions)]."""
-    env = lambda q: se.SearchEnv(world, q, max_turns=cfg["MAX_TURNS"], top_k=cfg["TOP_K"])
-    with M.autocast(device or torch.device("cpu"), dtype):
-        r = M.rollout(lm, tokenizer, env, questions, group_size=1, max_turns=cfg["MAX_TURNS"],
-                      max_new_tokens=cfg["MAX_NEW_TOKENS"], greedy=True)
-    return r.rewards
+def greedy_episodes(lm, tokenizer, cfg, world, questions, device=None, dtype=torch.float32):
+    """Greedy exact match of each question [len(questions)] and its answers, EVAL_BATCH at a time."""
+    env = lambda q: se.SearchEnv(world.retriever(q), q, max_turns=cfg["MAX_TURNS"], top_k=cfg["TOP_K"])
+    rewards, answers = [], []
+    for c in range(0, len(questions), EVAL_BATCH):
+        with M.autocast(device or torch.device("cpu"), dtype):
+            r = M.rollout(lm, tokenizer, env, questions[c:c + EVAL_BATCH], group_size=1, max_turns=cfg["MAX_TURNS"],
+                          max_new_tokens=cfg["MAX_NEW_TOKENS"], greedy=True)
+        rewards, answers = rewards + [r.rewards], answers + r.answers
+    return torch.cat(rewards), answers
 
 
 def heldout_em(lm, tokenizer, cfg, n=100, device=None, dtype=torch.float32):
     """The quick check during training: greedy EM on ``n`` questions of each split of the first
     held-out world, per split and per number of hops, and the macro, the mean of 1- and 2-hop EM
-    as in the held-out table (None when the sample lacks one of them)."""
+    as in the held-out table (None when the sample lacks one of them). Real data: real_scores."""
+    if rd.is_real(cfg):
+        return real_scores(lm, tokenizer, cfg, n, device, dtype)
     out, by_hops = {}, {h: [] for h in HOPS}
     for split in SPLITS:
         world, qs = heldout_questions(cfg, split, n)
-        rewards = greedy_rewards(lm, tokenizer, cfg, world, qs, device, dtype).tolist()
+        rewards = greedy_episodes(lm, tokenizer, cfg, world, qs, device, dtype)[0].tolist()
         out[split] = round(sum(rewards) / len(rewards), 4)
         for q, r in zip(qs, rewards):
             by_hops[q.hops].append(r)
@@ -87,12 +98,14 @@ def heldout_em(lm, tokenizer, cfg, n=100, device=None, dtype=torch.float32):
 def heldout_by_hops(lm, tokenizer, cfg, worlds=EVAL_WORLDS, device=None, dtype=torch.float32, validation=False):
     """Greedy EM on every `test` and `ood` question of ``worlds`` held-out (or validation)
     worlds, per number of hops, each with its 95% Wilson interval, and the macro over
-    ``MACRO_HOPS`` (with a normal-approximation interval)."""
+    ``MACRO_HOPS`` (with a normal-approximation interval). Real data: real_scores, all questions."""
+    if rd.is_real(cfg):
+        return real_scores(lm, tokenizer, cfg, None, device, dtype, validation)
     correct, total = {h: 0 for h in HOPS}, {h: 0 for h in HOPS}
     for k in range(worlds):
         world = tw.make_world(eval_world_seed(cfg, k, validation), scale=cfg["WORLD_SCALE"])
         qs = [q for split in SPLITS for q in world.split(split)]
-        for q, r in zip(qs, greedy_rewards(lm, tokenizer, cfg, world, qs, device, dtype).tolist()):
+        for q, r in zip(qs, greedy_episodes(lm, tokenizer, cfg, world, qs, device, dtype)[0].tolist()):
             correct[q.hops] += r
             total[q.hops] += 1
     out = {}
@@ -106,6 +119,22 @@ def heldout_by_hops(lm, tokenizer, cfg, worlds=EVAL_WORLDS, device=None, dtype=t
         out["macro"] = sum(ems) / len(ems)
         out["macro_ci"] = [out["macro"] - 1.96 * se_macro, out["macro"] + 1.96 * se_macro]
     return out
+
+
+def real_scores(lm, tokenizer, cfg, n=None, device=None, dtype=torch.float32, validation=False):
+    """Real data: greedy EM and answer F1 on the dev (or validation) split, or a fixed sample of
+    n of its questions, with 95% intervals (Wilson; normal for F1), and EM per number of hops.
+    ``macro`` is the EM, so the tables and the paired comparison read it as a toy run's."""
+    world, qs = heldout_questions(cfg, "dev", n or math.inf, validation=validation)
+    em, answers = greedy_episodes(lm, tokenizer, cfg, world, qs, device, dtype)
+    f1 = torch.tensor([rd.f1_score(a, q.answers) for a, q in zip(answers, qs)], dtype=torch.float64)
+    m, half = f1.mean().item(), (1.96 * f1.std().item() / math.sqrt(len(qs)) if len(qs) > 1 else 0.0)
+    out = {"n": len(qs), "f1": m, "f1_ci": [m - half, m + half]}
+    for key, keep in [("em", lambda q: True)] + [(f"hop{h}", lambda q, h=h: q.hops == h) for h in HOPS]:
+        hit = [e for e, q in zip(em.tolist(), qs) if keep(q)]
+        out[key], out[f"{key}_n"], out[f"{key}_ci"] = \
+            (sum(hit) / len(hit), len(hit), list(wilson(sum(hit), len(hit)))) if hit else (None, 0, [None, None])
+    return dict(out, macro=out["em"], macro_ci=out["em_ci"])
 
 
 # ----------------------------------------------------------------------------- intervals
@@ -140,7 +169,8 @@ def cached_em(checkpoint, lm, tok, cfg, worlds, validation=False):
     """``heldout_by_hops``, kept in the checkpoint's ``heldout-em.json`` per (worlds, EVAL_SEED,
     held-out or validation): a checkpoint never changes, so a long protocol evaluates each model
     once (delete the file after changing the evaluation code)."""
-    key = f"{worlds} worlds from {cfg['EVAL_SEED']}" + (" down (validation)" if validation else "")
+    key = (f"{cfg['DATA']} {cfg['DATA_DEV']}" if rd.is_real(cfg) else f"{worlds} worlds from {cfg['EVAL_SEED']}") \
+        + (" down (validation)" if validation else "")
     path = os.path.join(checkpoint, "heldout-em.json")
     cache = json.load(open(path)) if os.path.exists(path) else {}
     if key not in cache:
@@ -237,7 +267,8 @@ def paired_differences(rows, baseline=None):
         seeds = sorted(set(by_seed) & set(groups[baseline]))
         if name == baseline or not seeds:
             continue
-        diff = {s: {k: by_seed[s][k] - groups[baseline][s][k] for k in ("macro", "hop1", "hop2")} for s in seeds}
+        diff = {s: {k: None if None in (by_seed[s][k], groups[baseline][s][k]) else by_seed[s][k] - groups[baseline][s][k]
+                    for k in ("macro", "hop1", "hop2")} for s in seeds}   # real data may lack a hop
         out[name] = {"baseline": baseline, "seeds": seeds, "diff": diff,
                      "macro": t_interval([diff[s]["macro"] for s in seeds])}
     return out
@@ -250,7 +281,7 @@ def paired_table(paired):
                   "| seed | macro diff | 1-hop diff | 2-hop diff |", "|---|---|---|---|"]
         for s in p["seeds"]:
             d = p["diff"][s]
-            lines.append(f"| {s} | {d['macro']:+.3f} | {d['hop1']:+.3f} | {d['hop2']:+.3f} |")
+            lines.append(f"| {s} | " + " | ".join(_num(d[k], "+.3f") for k in ("macro", "hop1", "hop2")) + " |")
         m, lo, hi = p["macro"]
         interval = f"[{lo:+.3f}, {hi:+.3f}]" if lo is not None else "(one seed: no interval)"
         lines += ["", f"mean paired macro difference {m:+.3f}, 95% t-interval {interval} over "
@@ -258,8 +289,17 @@ def paired_table(paired):
     return "\n".join(lines)
 
 
+def dev_table(rows):
+    """Real-data runs: dev EM and answer F1, each with its 95% interval (the EM is their macro)."""
+    cell = lambda r, k: f"{_num(r[k])} [{_num(r[k + '_ci'][0])}, {_num(r[k + '_ci'][1])}]"
+    return "\n".join(["| run | seed | questions | EM [95%] | F1 [95%] |", "|---|---|---|---|---|"] +
+                     [f"| {r['run']} | {r['seed']} | {r['n']} | {cell(r, 'em')} | {cell(r, 'f1')} |" for r in rows])
+
+
 def credit_sets(cfg, n_questions, validation=False):
     """Held-out (or validation) `test` questions for the report card: a fixed sample, world by world."""
+    if rd.is_real(cfg):
+        return [heldout_questions(cfg, "test", n_questions, validation=validation)]
     sets, k = [], 0
     while n_questions > 0:
         world, qs = heldout_questions(cfg, "test", n_questions, world_index=k, validation=validation)
@@ -347,6 +387,8 @@ def main(argv):
             for run in tqdm(args.runs, desc="evaluate", dynamic_ncols=True)]
     paired = paired_differences(rows, args.baseline)
     print(runs_table(rows), results_table(rows), paired_table(paired), sep="\n\n")
+    if any("f1" in r for r in rows):
+        print("\n" + dev_table([r for r in rows if "f1" in r]))
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"runs": rows, "paired": paired}, f, indent=1)

@@ -38,9 +38,10 @@ def answer_block(answers):
 
 
 def privileged_ids(tokenizer, question, world):
-    """Token ids of the two privileged blocks of a question: (gold evidence, golden answer)."""
-    evidence = se.format_information(world.evidence_docs(question))
-    return (tokenizer.encode(evidence, add_special_tokens=False),
+    """Token ids of the two privileged blocks of a question: (gold evidence, golden answer).
+    A question without evidence (real data, real_data.EVIDENCE_RULES) gets no evidence block."""
+    docs = world.evidence_docs(question)
+    return (tokenizer.encode(se.format_information(docs), add_special_tokens=False) if docs else [],
             tokenizer.encode(answer_block(question.answers), add_special_tokens=False))
 
 

@@ -41,11 +41,12 @@ def fraction():
 class Schema:
     """What a config may hold, beyond the defaults' types: ``choices`` (the allowed values of a
     setting), ``limits`` (name -> (test, what is allowed), checked after auto values are
-    resolved) and ``auto`` (name -> (embedded model's value, HF model's value) where -1 means
-    auto)."""
+    resolved), ``auto`` (name -> (embedded model's value, HF model's value) where -1 means
+    auto) and ``checks``."""
     choices: dict = field(default_factory=dict)
     limits: dict = field(default_factory=dict)
     auto: dict = field(default_factory=dict)
+    checks: tuple = ()   # functions of the whole config that stop on settings that do not go together
 
 
 def check_setting(name, value, text, defaults, schema, where=""):
@@ -125,6 +126,8 @@ def parse_overrides(argv, defaults, schema):
         if not test(config[name]):
             raise SystemExit(f"{name}={config[name]!r}: allowed values are {allowed}"
                              + (" (or -1: auto)" if name in schema.auto else ""))
+    for check in schema.checks:
+        check(config)
     device = config.get("DEVICE", "cpu")
     if not (device in ("auto", "cpu", "cuda") or re.fullmatch(r"cuda:\d+", device)):
         raise SystemExit(f"DEVICE={device!r}: allowed values are auto, cpu, cuda, cuda:N")

@@ -31,10 +31,12 @@ import credit
 import evisd
 import grpo
 import model as M
+import real_data as rd
 import runs
 import search_env as se
 import toy_world as tw
 from evaluate import heldout_em
+from grpo import SyncedPolicy
 from model import autocast
 from runs import above, at_least, fraction
 
@@ -78,6 +80,13 @@ EVIDENCE_AT = "every"        # "every": evidence before each search | "first": o
 ANSWER_AT = "content"        # "content": answer block after the opening <answer> | "tag": before it
 EVISD_SPAN = "action"        # "action": tag and content corrected | "content": the decision tag keeps A
 BOUNDED = True               # False: drop the clip (ablation)
+# real data (real_data.py; README "Real data"): the toy world above, or a dataset as distributed
+DATA = "toy"                 # "toy" | "hotpotqa" | "2wiki" | "musique" | "jsonl" (Search-R1 / FlashRAG questions)
+DATA_TRAIN = ""              # RL questions: hotpot_train_v1.1.json, nq/train.jsonl, ...
+DATA_DEV = ""                # what evaluate.py scores: hotpot_dev_distractor_v1.json, nq/dev.jsonl, ...
+CORPUS = ""                  # a {"id", "contents"} JSONL, BM25 in memory ("": a HotpotQA question's own paragraphs)
+RETRIEVER_URL = ""           # or Search-R1's retrieval server, e.g. http://127.0.0.1:8000/retrieve
+EVIDENCE = "auto"            # the teacher's evidence: auto | supporting | answer_passages | answer_only
 # evaluation and I/O
 EVAL_EVERY = 20
 EVAL_QUESTIONS = 50         # per held-out split
@@ -95,7 +104,8 @@ CONFIG_KEYS = [k for k, v in list(globals().items()) if k.isupper() and isinstan
 DEFAULTS = {k: globals()[k] for k in CONFIG_KEYS}
 SCHEMA = runs.Schema(
     choices={"METHOD": ("evisd", "grpo"), "EVIDENCE_AT": ("first", "every"), "ANSWER_AT": ("tag", "content"),
-             "EVISD_SPAN": ("action", "content"), "DTYPE": ("auto", "float32", "bfloat16", "float16")},
+             "EVISD_SPAN": ("action", "content"), "DTYPE": ("auto", "float32", "bfloat16", "float16"),
+             "DATA": rd.FORMATS, "EVIDENCE": rd.EVIDENCE_RULES}, checks=(rd.check_config,),
     # Every number's range, checked before any work starts. EVISD_EPS up to 1: beyond, the
     # lower clip bound 1 - eps is negative and does nothing.
     limits={"SEED": at_least(0), "WORLD_SCALE": above(0), "TOP_K": at_least(1), "MAX_TURNS": at_least(1),
@@ -115,7 +125,7 @@ WARMUP_KEYS = ("MODEL", "SEED", "WORLD_SCALE", "TOP_K", "MAX_TURNS", "SFT_STEPS"
                "SFT_LR", "SFT_NOISE", "SFT_STOP_EARLY", "SFT_PARTIAL_NAME")
 # A checkpoint resumed under other values of these would be another experiment spliced onto this
 # one, so --resume refuses; any other setting (RL_STEPS, EVAL_EVERY, DEVICE, ...) may change.
-RUN_KEYS = WARMUP_KEYS + ("SFT_PRIVILEGED_FRAC", "METHOD", "FRESH_WORLDS")
+RUN_KEYS = WARMUP_KEYS + ("SFT_PRIVILEGED_FRAC", "METHOD", "FRESH_WORLDS", "DATA", "DATA_TRAIN")
 
 
 def configure(argv):
@@ -128,17 +138,6 @@ def configure(argv):
                          f"stay below the validation and held-out worlds (seeds {first_reserved} and up); "
                          f"use a SEED from 0 to {(first_reserved - cfg['RL_STEPS'] - 1) // 100_000}")
     return cfg, resume, overwrite
-
-
-class SyncedPolicy(torch.nn.Module):
-    """The policy's log-prob forward as a module, so DDP can wrap it and sync gradients."""
-
-    def __init__(self, lm):
-        super().__init__()
-        self.lm = lm
-
-    def forward(self, input_ids, attention_mask, score_mask, temperature=1.0):
-        return M.token_logprobs(self.lm, input_ids, attention_mask, score_mask, temperature=temperature)
 
 
 # ----------------------------------------------------------------------------- supervised warm-up
@@ -224,10 +223,11 @@ def supervised_warmup(cfg, lm, tokenizer, device, dtype, rank):
 def collect(cfg, step, lm, tokenizer, device, dtype, rank=0, world_size=1):
     """Sample this step's questions (this rank's shard) and roll out GROUP_SIZE episodes each."""
     runs.seed_everything(cfg["SEED"] * 1_000_003 + step * 101 + rank)  # resume gives the same batch
-    world = tw.make_world(cfg["SEED"] * 100_000 + (step if cfg["FRESH_WORLDS"] else 0), scale=cfg["WORLD_SCALE"])
+    world = rd.dataset(cfg, "train") if rd.is_real(cfg) else \
+        tw.make_world(cfg["SEED"] * 100_000 + (step if cfg["FRESH_WORLDS"] else 0), scale=cfg["WORLD_SCALE"])
     questions = random.Random(cfg["SEED"] * 7 + step).sample(world.split("train"), cfg["QUESTIONS_PER_STEP"])
     questions = questions[rank::world_size]
-    env_factory = lambda q: se.SearchEnv(world, q, max_turns=cfg["MAX_TURNS"], top_k=cfg["TOP_K"])
+    env_factory = lambda q: se.SearchEnv(world.retriever(q), q, max_turns=cfg["MAX_TURNS"], top_k=cfg["TOP_K"])
     with autocast(device, dtype):
         r = M.rollout(lm, tokenizer, env_factory, questions, cfg["GROUP_SIZE"], cfg["MAX_TURNS"],
                       cfg["MAX_NEW_TOKENS"], cfg["TEMPERATURE"])
@@ -367,7 +367,7 @@ def main(argv):
                 bar.write(f"step {done}: held-out EM {quick_check(done)}")
             if (cfg["CKPT_EVERY"] and done % cfg["CKPT_EVERY"] == 0) or done == cfg["RL_STEPS"]:
                 save(done)
-    except KeyboardInterrupt as e:
+    except (KeyboardInterrupt, rd.RetrieverError) as e:   # saves the steps done, then stops
         stopped = e
         if rank == 0:
             print(f"\ninterrupted: saving step {done} to {out}")
@@ -384,6 +384,8 @@ def main(argv):
         dist.destroy_process_group()
     if isinstance(stopped, runs.Terminated):
         raise SystemExit(128 + signal.SIGTERM)
+    if isinstance(stopped, rd.RetrieverError):
+        raise SystemExit(f"{stopped}; step {done} is saved in {out}: --resume continues once the server answers")
     return lm
 
 
