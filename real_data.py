@@ -391,11 +391,15 @@ def check_config(cfg):
                         "BM25 in memory) or RETRIEVER_URL (Search-R1's retrieval server)")
     if cfg["RETRIEVER_URL"] and not cfg["RETRIEVER_URL"].startswith(("http://", "https://")):
         raise DataError(f"RETRIEVER_URL={cfg['RETRIEVER_URL']!r}: expected an address like http://127.0.0.1:8000/retrieve")
-    for name, needed in (("DATA_TRAIN", cfg["RL_STEPS"] > 0), ("DATA_DEV", cfg["EVAL_EVERY"] > 0),
-                         ("CORPUS", bool(cfg["CORPUS"]))):
+    splits = {"train": ("DATA_TRAIN", cfg["RL_STEPS"] > 0), "dev": ("DATA_DEV", cfg["EVAL_EVERY"] > 0),
+              None: ("CORPUS", bool(cfg["CORPUS"]))}
+    for name, needed in splits.values():
         if needed and not os.path.isfile(cfg[name]):
             raise DataError(f"{name}={cfg[name]!r}: no such file; DATA={data!r} needs it "
                             "(the README's 'Real data' section says where to get the files)")
+    for split, (_, needed) in splits.items():   # read now: a bad line stops the run before the model loads
+        if split and needed:
+            dataset(cfg, split)
 
 
 # ----------------------------------------------------------------------------- labels and scores

@@ -1,12 +1,8 @@
-"""Tests for search_env.py: normalisation, BM25, the protocol, the env, real data."""
-import os
-
+"""Tests for search_env.py: normalisation, BM25, the protocol, the env (real data: test_real_data.py)."""
 import pytest
 
 import search_env as se
 import toy_world as tw
-
-DATA = os.path.join(os.path.dirname(__file__), "data")
 
 
 @pytest.fixture(scope="module")
@@ -127,32 +123,3 @@ def test_format_information_is_the_single_format(world):
     for d in docs:
         assert f" {d.title}: {d.text}" in block
     assert se.format_information([]) == "<information> no results. </information>"
-
-
-def test_load_jsonl_fixture():
-    w = se.load_jsonl(os.path.join(DATA, "corpus.jsonl"), os.path.join(DATA, "questions.jsonl"))
-    assert [d.title for d in w.docs] == ["Ada Lovelace", "London", "Charles Babbage"]
-    assert w.docs[2].text == "Charles Babbage designed the Analytical Engine."
-    q0, q1, q2 = w.questions
-    assert q0.evidence == ["1"] and q0.split == "test" and q0.answers == ["London"]
-    assert q1.evidence == ["1", "2"] and q1.hops == 2 and q1.answers == ["England"]
-    assert q2.evidence == ["3"] and q2.split == "train"
-    assert w.search("analytical engine", 1)[0].id == "3"
-
-
-def test_load_jsonl_errors_name_file_and_line(tmp_path):
-    corpus = tmp_path / "c.jsonl"
-    corpus.write_text('{"id": "1", "title": "t", "text": "x"}\n{"title": "no id"}\n')
-    qs = tmp_path / "q.jsonl"
-    qs.write_text('{"question": "q?"}\n')
-    with pytest.raises(ValueError, match=r"c\.jsonl:2: missing field 'id'"):
-        se.load_jsonl(corpus, qs)
-    corpus.write_text('{"id": "1", "title": "t", "text": "x"}\n')
-    with pytest.raises(ValueError, match=r"q\.jsonl:1: missing field 'golden_answers'"):
-        se.load_jsonl(corpus, qs)
-    qs.write_text('{"question": "q?", "answers": ["a"], "evidence": ["nope"]}\n')
-    with pytest.raises(ValueError, match=r"q\.jsonl:1: evidence 'nope'"):
-        se.load_jsonl(corpus, qs)
-    qs.write_text('{"question": \n')
-    with pytest.raises(ValueError, match=r"q\.jsonl:1: not valid JSON"):
-        se.load_jsonl(corpus, qs)
