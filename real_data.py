@@ -124,8 +124,8 @@ def _doc(row, where, error=DataError):
     quoted title on the first line of contents, or ``{"id", "title", "text"}``."""
     if not isinstance(row, dict) or "id" not in row:
         raise error(f"{where}: missing field 'id'")
-    if isinstance(row.get("contents"), str):
-        title, _, text = row["contents"].partition("\n")
+    if isinstance(row.get("contents"), str):   # no line break: a passage without a title
+        title, _, text = row["contents"].partition("\n") if "\n" in row["contents"] else ("", "", row["contents"])
         return Doc(str(row["id"]), title.strip().strip('"'), " ".join(text.split()))
     if isinstance(row.get("title"), str) and isinstance(row.get("text"), str):
         return Doc(str(row["id"]), row["title"], " ".join(row["text"].split()))

@@ -232,7 +232,7 @@ def format_information(docs):
         return f"{INFO} no results. {INFO_END}"
     # "title: text", never "[title]": byte-level BPE spells a word differently right after
     # punctuation than after a space, and the title must look like the query that found it.
-    body = " ".join(f"{d.title}: {d.text}" for d in docs)
+    body = " ".join(f"{d.title}: {d.text}" if d.title else d.text for d in docs)
     return f"{INFO} {body} {INFO_END}"
 
 

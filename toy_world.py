@@ -316,7 +316,7 @@ def label_actions(question, world, turns, top_k=3):
     been retrieved, searching is right while one has not.
     A search on the last allowed turn, which the env no longer runs, is graded by what it would
     retrieve (BM25 is deterministic): the label grades the query. Returns None for questions
-    without an oracle chain (``load_jsonl`` worlds).
+    without an oracle chain (real data has its own: real_data.label_actions).
     """
     if not question.hop_queries:
         return None

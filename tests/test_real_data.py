@@ -102,6 +102,9 @@ def test_searchr1_jsonl_with_a_bm25_corpus_and_the_evidence_rules(standin):
     corpus = rd.read_corpus(f"{DATA}/corpus.jsonl")
     qs = rd.read_jsonl_questions(f"{DATA}/questions.jsonl", corpus)
     assert [[d.id for d in q.support] for q in qs] == [["1"], ["1", "2"], ["3"]] and qs[1].answers == ["England"]
+    untitled = rd._doc({"id": "7", "contents": "Evan Morris was a lobbyist."}, "x")   # Search-R1's example corpus
+    assert (untitled.title, untitled.text) == ("", "Evan Morris was a lobbyist.")
+    assert se.format_information([untitled]) == "<information> Evan Morris was a lobbyist. </information>"
 
 
 def test_f1_is_hotpotqas():
@@ -325,6 +328,7 @@ def test_standin_runs_rl_and_evaluate_on_hotpotqa(standin_dir, tmp_path, capsys)
                                "--EVAL_EVERY=2", "--EVAL_QUESTIONS=3"))
     rows = [json.loads(line) for line in open(os.path.join(runs["evisd"], "metrics.jsonl"))]
     assert [r["step"] for r in rows] == [0, 0, 1, 2] and rows[0]["eval_n"] == 3 and 0 <= rows[-1]["eval_f1"] <= 1
+    assert {k for k in rows[0] if k.startswith("eval_")} == {"eval_n", "eval_em", "eval_f1", "eval_macro"}
     js = str(tmp_path / "eval.json")
     evaluate.main(list(runs.values()) + ["--json", js])
     got = json.load(open(js))
