@@ -127,7 +127,7 @@ def real_scores(lm, tokenizer, cfg, n=None, device=None, dtype=torch.float32, va
     ``macro`` is the EM, so the tables and the paired comparison read it as a toy run's."""
     world, qs = heldout_questions(cfg, "dev", n or math.inf, validation=validation)
     em, answers = greedy_episodes(lm, tokenizer, cfg, world, qs, device, dtype)
-    f1 = torch.tensor([rd.f1_score(a, q.answers) for a, q in zip(answers, qs)], dtype=torch.float64)
+    f1 = torch.tensor([se.f1_score(a, q.answers) for a, q in zip(answers, qs)], dtype=torch.float64)
     m, half = f1.mean().item(), (1.96 * f1.std().item() / math.sqrt(len(qs)) if len(qs) > 1 else 0.0)
     out = {"n": len(qs), "f1": m, "f1_ci": [m - half, m + half]}
     for key, keep in [("em", lambda q: True)] + [(f"hop{h}", lambda q, h=h: q.hops == h) for h in HOPS]:

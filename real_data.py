@@ -1,25 +1,14 @@
 """Real questions and real retrieval: HotpotQA, 2WikiMultiHopQA, MuSiQue and Search-R1's files,
-searched in memory by BM25 or through Search-R1's retrieval server; the teacher's evidence and
-the oracle's labels on real data.
+searched by BM25 in memory or through Search-R1's retrieval server; the teacher's evidence and
+the oracle's labels on real data. docs/real-data.md has the details.
 
-A dataset becomes what the toy world is to the rest of the code: a ``RealWorld`` holds one
-split's questions, hands ``SearchEnv`` the retriever that serves each of them, and gives EviSD's
-teacher its evidence. train.py's DATA names the format, read as distributed:
-
-* ``hotpotqa`` and ``2wiki``: a JSON list of ``_id``, ``question``, ``answer``,
-  ``supporting_facts`` ([title, sentence] pairs) and ``context`` ([title, [sentences]] pairs).
-  Each question's own paragraphs are its corpus (the distractor setting) unless CORPUS or
-  RETRIEVER_URL is given.
-* ``musique``: JSONL; ``paragraphs`` of ``title``, ``paragraph_text``, ``is_supporting``.
-* ``jsonl``: Search-R1 / FlashRAG questions (``question``, ``golden_answers``) searching one
-  shared corpus: CORPUS, ``{"id", "contents"}`` lines whose first line is the quoted title
-  (wiki-18), by BM25 in memory, or RETRIEVER_URL, Search-R1's server (``ServerRetriever``).
-
-EVIDENCE, what the teacher reads before a search: ``supporting`` paragraphs (none where the
-data has none); ``answer_passages``, the passages the question itself retrieves that contain a
-golden answer; ``answer_only``, no evidence block (the answer block alone); ``auto``, supporting
-where a question has them, else answer_passages.
-Bad input stops with one line naming the file and line (or item), or the URL and status.
+A dataset becomes what the toy world is to the rest of the code: a ``RealWorld`` holds a split's
+questions, hands ``SearchEnv`` each question's retriever and EviSD's teacher its evidence.
+DATA's formats, read as distributed: ``hotpotqa``/``2wiki`` (a JSON list; each question's own
+paragraphs are its corpus), ``musique`` (JSONL), ``jsonl`` (Search-R1 / FlashRAG questions over
+CORPUS, wiki-18's ``{"id", "contents"}`` lines, or RETRIEVER_URL). EVIDENCE: ``supporting``
+paragraphs; ``answer_passages``, those the question retrieves that hold a golden answer;
+``answer_only``, none; ``auto``, supporting where a question has them, else answer_passages.
 """
 import dataclasses
 import http.client
@@ -28,7 +17,6 @@ import os
 import time
 import urllib.error
 import urllib.request
-from collections import Counter
 from dataclasses import dataclass, field
 
 import model as M
@@ -64,13 +52,16 @@ class RealQuestion(se.Question):
 
 
 # ----------------------------------------------------------------------------- reading files
-def _jsonl(path):
-    """(line number, object) for each non-blank line of a JSONL file, read one line at a time."""
+def _open(path):
     try:
-        f = open(path, "rb")
+        return open(path, "rb")
     except OSError as e:
         raise DataError(f"{path}: cannot read ({e.strerror})") from None
-    with f:
+
+
+def _jsonl(path):
+    """(line number, object) for each non-blank line of a JSONL file, read one line at a time."""
+    with _open(path) as f:
         for n, raw in enumerate(f, 1):
             try:
                 line = raw.decode("utf-8")
@@ -89,11 +80,8 @@ def _jsonl(path):
 
 def _json_list(path):
     """A file holding one JSON list (HotpotQA's layout: the whole file is one line)."""
-    try:
-        with open(path, "rb") as f:
-            raw = f.read()
-    except OSError as e:
-        raise DataError(f"{path}: cannot read ({e.strerror})") from None
+    with _open(path) as f:
+        raw = f.read()
     try:
         rows = json.loads(raw.decode("utf-8"))
     except UnicodeDecodeError as e:
@@ -114,14 +102,13 @@ def _field(row, name, where, kind=str):
         raise DataError(f"{where}: missing field {name!r}")
     value = row[name]
     if not isinstance(value, kind) or (isinstance(value, str) and not value.strip()):
-        what = getattr(kind, "__name__", "string or number")
-        raise DataError(f"{where}: field {name!r} must be a non-empty {what}, got {json.dumps(value)[:60]}")
+        raise DataError(f"{where}: field {name!r} must be a non-empty {getattr(kind, '__name__', 'string or number')}, "
+                        f"got {json.dumps(value)[:60]}")
     return value
 
 
 def _doc(row, where, error=DataError):
-    """A Doc from a corpus line or a server's hit: Search-R1's ``{"id", "contents"}`` with the
-    quoted title on the first line of contents, or ``{"id", "title", "text"}``."""
+    """A Doc from a corpus line or a server's hit: ``{"id", "contents"}`` or ``{"id", "title", "text"}``."""
     if not isinstance(row, dict) or "id" not in row:
         raise error(f"{where}: missing field 'id'")
     if isinstance(row.get("contents"), str):   # no line break: a passage without a title
@@ -172,10 +159,9 @@ def read_hotpotqa(path, corpus=None):
 
 
 def _intermediates(row, support, answer):
-    """Entities of the chain before its last hop, where the data tells: the objects of 2Wiki's
-    evidence triples but the last (compositional and inference questions), or the bridge of a
-    HotpotQA bridge question: the one supporting title that the other supporting paragraph
-    names. Empty where the data cannot tell (comparison questions, an ambiguous bridge)."""
+    """Entities of the chain before its last hop, where the data tells: 2Wiki's evidence triples
+    but the last (compositional and inference questions), or a HotpotQA bridge question's bridge,
+    the one supporting title the other supporting paragraph names. Else empty."""
     if row.get("type") in ("compositional", "inference") and isinstance(row.get("evidences"), list):
         return [str(t[2]) for t in row["evidences"][:-1] if isinstance(t, list) and len(t) == 3]
     if row.get("type") == "bridge" and len(support) == 2:
@@ -188,9 +174,8 @@ def _intermediates(row, support, answer):
 
 
 def read_musique(path, corpus=None):
-    """MuSiQue's JSONL: paragraphs marked ``is_supporting``, and the question's decomposition,
-    whose answers but the last are the chain's intermediate entities. Unanswerable questions
-    (MuSiQue-Full) are left out: there is no answer to reward."""
+    """MuSiQue's JSONL; the decomposition's answers but the last are the chain's intermediate
+    entities. Unanswerable questions (MuSiQue-Full) are left out: there is no answer to reward."""
     questions = []
     for n, row in _jsonl(path):
         where = f"{path}:{n}"
@@ -215,9 +200,8 @@ def read_musique(path, corpus=None):
 
 
 def read_jsonl_questions(path, corpus=None):
-    """Search-R1 / FlashRAG questions: ``question``, ``golden_answers`` (or ``answers``), an
-    optional ``id``, and optional ``supporting_facts``/``evidence``: titles or ids of CORPUS
-    documents, resolved when the corpus is in memory (a server's corpus cannot be looked up)."""
+    """Search-R1 / FlashRAG questions, with optional ``supporting_facts``/``evidence``: titles or
+    ids of CORPUS documents, resolved when the corpus is in memory (a server's cannot be)."""
     questions = []
     for n, row in _jsonl(path):
         where = f"{path}:{n}"
@@ -244,17 +228,13 @@ READERS = {"hotpotqa": read_hotpotqa, "2wiki": read_hotpotqa, "musique": read_mu
 
 # ----------------------------------------------------------------------------- Search-R1's retrieval server
 class ServerRetriever:
-    """Search-R1's retrieval server (search_r1/search/retrieval_server.py): ``POST /retrieve``
-    with ``{"queries": [...], "topk": k, "return_scores": true}``, answered by
-    ``{"result": [[{"document": {"id", "contents"}, "score"}, ...], ...]}``, one list per query."""
+    """Search-R1's retrieval server (search_r1/search/retrieval_server.py): ``POST /retrieve`` with
+    ``{"queries", "topk", "return_scores"}``, answered by ``{"result": [[{"document", "score"}]]}``."""
     remote = True   # label_actions does not search through it a second time
 
     def __init__(self, url, timeout=None, attempts=None, backoff=None):
-        self.url = url
-        self.timeout = SERVER_TIMEOUT_S if timeout is None else timeout
-        self.attempts = SERVER_ATTEMPTS if attempts is None else attempts
+        self.url, self.timeout, self.attempts = url, timeout or SERVER_TIMEOUT_S, attempts or SERVER_ATTEMPTS
         self.backoff = SERVER_BACKOFF_S if backoff is None else backoff
-        self.requests = 0   # answered requests
 
     def search(self, query, k=3):
         return self.search_batch([query], k)[0]
@@ -282,9 +262,7 @@ class ServerRetriever:
         for attempt in range(self.attempts):
             try:
                 with urllib.request.urlopen(request, timeout=self.timeout) as response:
-                    payload = response.read()
-                self.requests += 1
-                return payload
+                    return response.read()
             except urllib.error.HTTPError as e:
                 if e.code < 500:
                     raise RetrieverError(f"{self.url}: HTTP {e.code} {e.reason}; RETRIEVER_URL must be the /retrieve "
@@ -300,15 +278,8 @@ class ServerRetriever:
 
 
 # ----------------------------------------------------------------------------- a split as a world
-def contains_answer(doc, answers):
-    """Whether a golden answer occurs in the passage, as whole words after normalisation."""
-    text = f" {normalize_answer(doc.title + ' ' + doc.text)} "
-    return any(f" {a} " in text for a in map(normalize_answer, answers) if a)
-
-
 class RealWorld(se.World):
-    """One split of a real dataset as a World: its questions, the retriever that serves each
-    question, and the teacher's evidence under an EVIDENCE rule (module docstring)."""
+    """One split of a real dataset: its questions, each one's retriever, the teacher's evidence."""
 
     def __init__(self, questions, name, shared=None, evidence="auto", top_k=3):
         super().__init__(docs=[], questions=questions)
@@ -331,9 +302,10 @@ class RealWorld(se.World):
             return question.support
         if rule == "answer_only":
             return []
-        if question.qid not in self._passages:   # answer_passages: one search per question, kept
-            docs = self.retriever(question).search(question.question, self.top_k)
-            self._passages[question.qid] = [d for d in docs if contains_answer(d, question.answers)]
+        if question.qid not in self._passages:   # answer_passages: one search per question, kept;
+            answers = [f" {a} " for a in map(normalize_answer, question.answers) if a]   # as whole words
+            self._passages[question.qid] = [d for d in self.retriever(question).search(question.question, self.top_k)
+                                            if any(a in f" {normalize_answer(d.title + ' ' + d.text)} " for a in answers)]
         return self._passages[question.qid]
 
 
@@ -366,8 +338,7 @@ def dataset(cfg, split):
         held = min(VALIDATION_QUESTIONS, len(questions) // 10)
         part = {"train": questions[held:], "validation": questions[:held], "dev": questions}[split]
         if not part:
-            raise DataError(f"{path}: no {split} questions (validation takes the first tenth of the train "
-                            f"file, at most {VALIDATION_QUESTIONS})")
+            raise DataError(f"{path}: no {split} questions (validation is the train file's first tenth, at most 500)")
         return RealWorld([dataclasses.replace(q, split=split) for q in part], split, shared,
                          cfg["EVIDENCE"], cfg["TOP_K"])
     return _once(("world", split, path, cfg["DATA"], url, corpus, cfg["EVIDENCE"], cfg["TOP_K"]), make)
@@ -391,27 +362,21 @@ def check_config(cfg):
                         "BM25 in memory) or RETRIEVER_URL (Search-R1's retrieval server)")
     if cfg["RETRIEVER_URL"] and not cfg["RETRIEVER_URL"].startswith(("http://", "https://")):
         raise DataError(f"RETRIEVER_URL={cfg['RETRIEVER_URL']!r}: expected an address like http://127.0.0.1:8000/retrieve")
-    splits = {"train": ("DATA_TRAIN", cfg["RL_STEPS"] > 0), "dev": ("DATA_DEV", cfg["EVAL_EVERY"] > 0),
-              None: ("CORPUS", bool(cfg["CORPUS"]))}
-    for name, needed in splits.values():
-        if needed and not os.path.isfile(cfg[name]):
-            raise DataError(f"{name}={cfg[name]!r}: no such file; DATA={data!r} needs it "
-                            "(the README's 'Real data' section says where to get the files)")
-    for split, (_, needed) in splits.items():   # read now: a bad line stops the run before the model loads
-        if split and needed:
+    needed = {"DATA_TRAIN": cfg["RL_STEPS"] > 0, "DATA_DEV": cfg["EVAL_EVERY"] > 0, "CORPUS": bool(cfg["CORPUS"])}
+    for name in (n for n, need in needed.items() if need and not os.path.isfile(cfg[n])):
+        raise DataError(f"{name}={cfg[name]!r}: no such file; DATA={data!r} needs it (docs/real-data.md: where to get it)")
+    for split, name in (("train", "DATA_TRAIN"), ("dev", "DATA_DEV")):   # read now: a bad line stops before the model loads
+        if needed[name]:
             dataset(cfg, split)
 
 
-# ----------------------------------------------------------------------------- labels and scores
+# ----------------------------------------------------------------------------- labels
 def label_actions(question, world, turns, top_k=3):
-    """The oracle on real data, as far as the data can tell (toy_world.label_actions is the
-    toy's, with the same labels). A search is a ``hit`` when it retrieves a supporting
-    paragraph not seen before in the episode, a ``repeat`` when only seen ones, else a
-    ``miss``; an answer is ``correct`` (EM), ``premature`` (it names an entity of the chain
-    before its last hop, ``RealQuestion.intermediates``) or ``wrong``; a decision is right when
-    it answers with every supporting paragraph retrieved, or searches while one is missing.
-    Without supporting paragraphs, or where labelling would mean asking a server again, a
-    search and every decision are labelled None: the data cannot say."""
+    """toy_world.label_actions' labels, as far as the data can tell: a search is a ``hit`` when it
+    retrieves a supporting paragraph not yet seen, a ``repeat`` when only seen ones, else a
+    ``miss``; an answer ``correct``, ``premature`` (naming one of ``intermediates``) or ``wrong``;
+    a decision right when it answers with every supporting paragraph seen or searches while one
+    is missing. None where the data cannot say: no supporting paragraphs, or a server to ask again."""
     retriever = world.retriever(question)
     known = bool(question.support) and not getattr(retriever, "remote", False)
     support, seen, labels = {normalize_answer(d.title) for d in question.support}, set(), []
@@ -433,14 +398,3 @@ def label_actions(question, world, turns, top_k=3):
             labels.append(tw.ActionLabel("invalid", "invalid", None))
     return labels
 
-
-def f1_score(prediction, answers):
-    """HotpotQA's answer F1 (SQuAD's token F1; yes, no and noanswer count only when they match
-    exactly), the best over the accepted answers; 0 without an answer."""
-    def f1(pred, gold):
-        p, g = normalize_answer(pred), normalize_answer(gold)
-        if p != g and {p, g} & {"yes", "no", "noanswer"}:
-            return 0.0
-        same = sum((Counter(p.split()) & Counter(g.split())).values())
-        return 0.0 if same == 0 else 2 * same / (len(p.split()) + len(g.split()))
-    return 0.0 if prediction is None else max(f1(prediction, a) for a in answers)

@@ -8,7 +8,7 @@ demonstrator and its oracle are in toy_world.py.
 * ``parse_action`` / ``format_information`` / ``SearchEnv`` implement the Search-R1 protocol:
   the model writes ``<search> q </search>`` and receives ``<information> ... </information>``,
   until it writes ``<answer> a </answer>``.
-* ``exact_match`` is the reward (SQuAD normalisation).
+* ``exact_match`` is the reward (SQuAD normalisation); ``f1_score`` is HotpotQA's answer F1.
 
 A retriever is anything with ``search(query, k)`` and ``search_batch(queries, k)`` returning
 ``Doc`` lists: a ``World`` (BM25 over its corpus), or one of real_data.py's (a question's own
@@ -18,6 +18,7 @@ import array
 import re
 import string
 import unicodedata
+from collections import Counter
 from dataclasses import dataclass, field
 from functools import cached_property
 
@@ -56,6 +57,19 @@ def exact_match(prediction, answers):
         return 0.0
     pred = normalize_answer(prediction)
     return float(any(pred == normalize_answer(a) for a in answers))
+
+
+def f1_score(prediction, answers):
+    """HotpotQA's answer F1 (SQuAD's token F1; yes, no and noanswer count only when they match
+    exactly), the best over the accepted answers; 0 without an answer."""
+    def f1(pred, gold):
+        p, g = normalize_answer(pred), normalize_answer(gold)
+        if p != g and {p, g} & {"yes", "no", "noanswer"}:
+            return 0.0
+        same = sum((Counter(p.split()) & Counter(g.split())).values())
+        return 0.0 if same == 0 else 2 * same / (len(p.split()) + len(g.split()))
+    return 0.0 if prediction is None else max(f1(prediction, a) for a in answers)
+
 
 
 # ----------------------------------------------------------------------------- data types
