@@ -71,7 +71,6 @@ def f1_score(prediction, answers):
     return 0.0 if prediction is None else max(f1(prediction, a) for a in answers)
 
 
-
 # ----------------------------------------------------------------------------- data types
 @dataclass
 class Doc:
