@@ -125,7 +125,7 @@ WARMUP_KEYS = ("MODEL", "SEED", "WORLD_SCALE", "TOP_K", "MAX_TURNS", "SFT_STEPS"
                "SFT_LR", "SFT_NOISE", "SFT_STOP_EARLY", "SFT_PARTIAL_NAME")
 # A checkpoint resumed under other values of these would be another experiment spliced onto this
 # one, so --resume refuses; any other setting (RL_STEPS, EVAL_EVERY, DEVICE, ...) may change.
-RUN_KEYS = WARMUP_KEYS + ("SFT_PRIVILEGED_FRAC", "METHOD", "FRESH_WORLDS", "DATA", "DATA_TRAIN")
+RUN_KEYS = WARMUP_KEYS + ("SFT_PRIVILEGED_FRAC", "METHOD", "FRESH_WORLDS")
 
 
 def configure(argv):
