@@ -126,14 +126,14 @@ def parse_overrides(argv, defaults, schema):
         if not test(config[name]):
             raise SystemExit(f"{name}={config[name]!r}: allowed values are {allowed}"
                              + (" (or -1: auto)" if name in schema.auto else ""))
-    for check in schema.checks:
-        check(config)
     device = config.get("DEVICE", "cpu")
     if not (device in ("auto", "cpu", "cuda") or re.fullmatch(r"cuda:\d+", device)):
         raise SystemExit(f"DEVICE={device!r}: allowed values are auto, cpu, cuda, cuda:N")
     if not embedded and os.path.isdir(config["MODEL"]) and not os.path.exists(os.path.join(config["MODEL"], "config.json")):
         raise SystemExit(f"MODEL={config['MODEL']!r}: this directory has no config.json, so it is not a "
                          f"Hugging Face model directory; the embedded models are {', '.join(M.SIZES)}")
+    for check in schema.checks:        # last: a check may read files (real_data.check_config)
+        check(config)
     return config, "resume" in flags, "overwrite" in flags
 
 
