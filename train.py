@@ -90,7 +90,7 @@ EVIDENCE = "auto"            # the teacher's evidence: auto | supporting | answe
 # evaluation and I/O
 EVAL_EVERY = 20
 EVAL_QUESTIONS = 50         # per held-out split
-EVAL_SEED = 1_000_000        # held-out worlds: this seed and up (RL worlds below, warm-up 2,000,000+)
+EVAL_SEED = 1_000_000        # held-out worlds: this seed and up (training worlds have string names)
 VALIDATION_WORLDS = 1000     # seeds EVAL_SEED - 1000 .. EVAL_SEED - 1: for choosing settings, never trained on
 CKPT_EVERY = 50
 OUT_DIR = "out/run"
@@ -108,7 +108,7 @@ SCHEMA = runs.Schema(
              "DATA": rd.FORMATS, "EVIDENCE": rd.EVIDENCE_RULES}, checks=(rd.check_config,),
     # Every number's range, checked before any work starts. EVISD_EPS up to 1: beyond, the
     # lower clip bound 1 - eps is negative and does nothing.
-    limits={"SEED": at_least(0), "WORLD_SCALE": above(0), "TOP_K": at_least(1), "MAX_TURNS": at_least(1),
+    limits={"SEED": ((lambda v: 0 <= v < 2**63), ">= 0 and < 2^63"), "WORLD_SCALE": above(0), "TOP_K": at_least(1), "MAX_TURNS": at_least(1),
             "SFT_STEPS": at_least(0), "SFT_BATCH": at_least(1), "SFT_LR": above(0), "SFT_NOISE": fraction(),
             "SFT_STOP_EARLY": fraction(), "SFT_PARTIAL_NAME": fraction(), "SFT_PRIVILEGED_FRAC": fraction(),
             "RL_STEPS": at_least(0), "QUESTIONS_PER_STEP": at_least(1), "GROUP_SIZE": at_least(2),
@@ -129,15 +129,15 @@ RUN_KEYS = WARMUP_KEYS + ("SFT_PRIVILEGED_FRAC", "METHOD", "FRESH_WORLDS")
 
 
 def configure(argv):
-    """(config, resume, overwrite) from the command line, every setting checked (runs.py); then
-    the check that spans settings: training worlds stay below validation and held-out ones."""
-    cfg, resume, overwrite = runs.parse_overrides(argv, DEFAULTS, SCHEMA)
-    first_reserved = cfg["EVAL_SEED"] - cfg["VALIDATION_WORLDS"]
-    if cfg["SEED"] * 100_000 + cfg["RL_STEPS"] >= first_reserved:
-        raise SystemExit(f"SEED={cfg['SEED']}: training worlds (seeds SEED * 100,000 + step) must "
-                         f"stay below the validation and held-out worlds (seeds {first_reserved} and up); "
-                         f"use a SEED from 0 to {(first_reserved - cfg['RL_STEPS'] - 1) // 100_000}")
-    return cfg, resume, overwrite
+    """(config, resume, overwrite) from the command line, every setting checked (runs.py)."""
+    return runs.parse_overrides(argv, DEFAULTS, SCHEMA)
+
+
+def training_world(cfg, stage, step):
+    """The world of a warm-up or RL step, named by a string ("rl/13/42"): random.Random seeds
+    itself from a string's SHA-512, a number above 2^512, so whatever SEED is, no training world
+    is a validation or held-out one (integer seeds near EVAL_SEED)."""
+    return tw.make_world(f"{stage}/{cfg['SEED']}/{step}", scale=cfg["WORLD_SCALE"])
 
 
 # ----------------------------------------------------------------------------- supervised warm-up
@@ -146,8 +146,8 @@ def sft_batch(cfg, tokenizer, step, privileged_frac):
     ones under EviSD's privileged context, so the model learns to read that context. Its blocks
     go to every placement the ablations use (EVIDENCE_AT, ANSWER_AT), so one warm-up per seed
     serves them all."""
-    rng = random.Random(cfg["SEED"] * 7919 + step)
-    world = tw.make_world(2_000_000 + cfg["SEED"] * 100_000 + step, scale=cfg["WORLD_SCALE"])
+    rng = random.Random(f"warmup-batch/{cfg['SEED']}/{step}")
+    world = training_world(cfg, "warmup", step)
     questions = world.split("train")
     transcripts = []
     for _ in range(cfg["SFT_BATCH"]):
@@ -172,7 +172,8 @@ def supervised_warmup(cfg, lm, tokenizer, device, dtype, rank):
     if cfg["SFT_STEPS"] == 0 and cfg["MODEL"] not in M.SIZES:
         return cfg["MODEL"]   # no warm-up: no copy of a pretrained model's weights on disk
     frac = cfg["SFT_PRIVILEGED_FRAC"]
-    tag = hashlib.sha1(json.dumps([cfg[k] for k in WARMUP_KEYS] + [frac]).encode()).hexdigest()[:10]
+    # "named worlds": a warm-up cached before training worlds had string names is not reused.
+    tag = hashlib.sha1(json.dumps([cfg[k] for k in WARMUP_KEYS] + [frac, "named worlds"]).encode()).hexdigest()[:10]
     path = f"{cfg['SFT_DIR']}-{tag}"
     # Rank 0 alone decides whether to train: if each rank checked the disk itself, a slow rank
     # could find rank 0's fresh save, skip the barrier below, and leave rank 0 waiting forever.
@@ -222,11 +223,10 @@ def supervised_warmup(cfg, lm, tokenizer, device, dtype, rank):
 # ----------------------------------------------------------------------------- RL
 def collect(cfg, step, lm, tokenizer, device, dtype, rank=0, world_size=1):
     """Sample this step's questions (this rank's shard) and roll out GROUP_SIZE episodes each."""
-    runs.seed_everything(cfg["SEED"] * 1_000_003 + step * 101 + rank)  # resume gives the same batch
-    world = rd.dataset(cfg, "train") if rd.is_real(cfg) else \
-        tw.make_world(cfg["SEED"] * 100_000 + (step if cfg["FRESH_WORLDS"] else 0), scale=cfg["WORLD_SCALE"])
-    questions = random.Random(cfg["SEED"] * 7 + step).sample(world.split("train"), cfg["QUESTIONS_PER_STEP"])
-    questions = questions[rank::world_size]
+    runs.seed_everything("rl", cfg["SEED"], step, rank)  # resume gives the same batch
+    world = rd.dataset(cfg, "train") if rd.is_real(cfg) else training_world(cfg, "rl", step * cfg["FRESH_WORLDS"])
+    rng = random.Random(f"rl-batch/{cfg['SEED']}/{step}")
+    questions = rng.sample(world.split("train"), cfg["QUESTIONS_PER_STEP"])[rank::world_size]
     env_factory = lambda q: se.SearchEnv(world.retriever(q), q, max_turns=cfg["MAX_TURNS"], top_k=cfg["TOP_K"])
     with autocast(device, dtype):
         r = M.rollout(lm, tokenizer, env_factory, questions, cfg["GROUP_SIZE"], cfg["MAX_TURNS"],

@@ -3,12 +3,14 @@ resume, eval, and warm-up-free RL on a pretrained-style stand-in."""
 import glob
 import json
 import os
+import random
 
 import pytest
 import torch
 
 import credit
 import evaluate
+import runs
 import train
 from conftest import DEVICE
 from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -52,7 +54,7 @@ def strip_timing(rs):
     ("--EVISD_EPS=1.5", "^EVISD_EPS=1.5: allowed values are > 0 and <= 1$"),
     ("--LR=-0.5", r"^LR=-0.5: allowed values are > 0 \(or -1: auto\)$"),
     ("--SFT_NOISE=2", "^SFT_NOISE=2.0: allowed values are from 0 to 1$"),
-    ("--SEED=-1", "^SEED=-1: allowed values are >= 0$"),
+    ("--SEED=-1", "^SEED=-1: allowed values are >= 0 and < 2\\^63$"),
     ("RL_STEPS=3", "use --NAME=value"),
     ("--resume --overwrite", "--resume continues the run in OUT_DIR and --overwrite deletes it"),
     ("config/no-such-preset.py", "no config file"),
@@ -214,6 +216,25 @@ def test_a_warmup_is_reproducible_for_its_seed(tmp_path):
     (loss_a, w_a), (loss_b, w_b), (loss_c, w_c) = warm_up(0, "a"), warm_up(0, "b"), warm_up(1, "c")
     assert len(loss_a) == 4 and loss_a == loss_b and torch.equal(w_a, w_b)
     assert loss_c != loss_a and not torch.equal(w_a, w_c)
+
+
+@pytest.mark.parametrize("seed", [0, 13, 19_900_101, 2**63 - 1])
+def test_any_seed_trains_on_worlds_never_evaluated_on(seed):
+    """Training worlds are named by strings, validation and held-out ones by integers: no
+    training world's random stream is one of theirs, however large SEED is."""
+    cfg, _, _ = train.configure([f"--SEED={seed}", "--WORLD_SCALE=0.15"])
+    low, high = cfg["EVAL_SEED"] - cfg["VALIDATION_WORLDS"], cfg["EVAL_SEED"] + 100
+    assert evaluate.eval_world_seed(cfg, 0, validation=True) >= low and evaluate.eval_world_seed(cfg, 99) < high
+    evaluated = {random.Random(s).random() for s in range(low, high)}
+    for stage, step in (("warmup", 0), ("warmup", 899), ("rl", 0), ("rl", 59)):
+        world = train.training_world(cfg, stage, step)
+        assert isinstance(world.seed, str) and random.Random(world.seed).random() not in evaluated
+    assert train.training_world(cfg, "rl", 1).docs != train.training_world(cfg, "rl", 2).docs
+    assert train.training_world(cfg, "rl", 1).docs != train.training_world(cfg, "warmup", 1).docs
+    runs.seed_everything("rl", seed, 59, 0)
+    first = torch.rand(1)
+    runs.seed_everything("rl", seed, 59, 1)
+    assert not torch.equal(first, torch.rand(1))   # each rank its own stream
 
 
 def test_warmup_demonstrator_has_its_habits_only_when_asked():
