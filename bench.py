@@ -24,6 +24,7 @@ import time
 
 import torch
 
+import grpo
 import model as M
 import runs
 import search_env as se
@@ -89,7 +90,7 @@ def bench_config(name, lm, tok, cfg, device, dtype, repeats, trained):
         c = dict(cfg, METHOD=method)
         policy = copy.deepcopy(lm)          # the same starting weights for both methods
         opt = torch.optim.AdamW(policy.parameters(), lr=c["LR"])
-        wrapped = train.SyncedPolicy(policy)
+        wrapped = grpo.SyncedPolicy(policy)
         results[method] = timed(lambda: train.update(c, batch, world, wrapped, policy, ref, tok, opt, device, dtype),
                                 repeats)
     if device.type == "cuda":

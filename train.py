@@ -36,7 +36,6 @@ import runs
 import search_env as se
 import toy_world as tw
 from evaluate import heldout_em
-from grpo import SyncedPolicy
 from model import autocast
 from runs import above, at_least, fraction
 
@@ -108,7 +107,8 @@ SCHEMA = runs.Schema(
              "DATA": rd.FORMATS, "EVIDENCE": rd.EVIDENCE_RULES}, checks=(rd.check_config,),
     # Every number's range, checked before any work starts. EVISD_EPS up to 1: beyond, the
     # lower clip bound 1 - eps is negative and does nothing.
-    limits={"SEED": ((lambda v: 0 <= v < 2**63), ">= 0 and < 2^63"), "WORLD_SCALE": above(0), "TOP_K": at_least(1), "MAX_TURNS": at_least(1),
+    limits={"SEED": ((lambda v: 0 <= v < 2**63), ">= 0 and < 2^63"),   # what torch.manual_seed takes
+            "WORLD_SCALE": above(0), "TOP_K": at_least(1), "MAX_TURNS": at_least(1),
             "SFT_STEPS": at_least(0), "SFT_BATCH": at_least(1), "SFT_LR": above(0), "SFT_NOISE": fraction(),
             "SFT_STOP_EARLY": fraction(), "SFT_PARTIAL_NAME": fraction(), "SFT_PRIVILEGED_FRAC": fraction(),
             "RL_STEPS": at_least(0), "QUESTIONS_PER_STEP": at_least(1), "GROUP_SIZE": at_least(2),
@@ -134,9 +134,8 @@ def configure(argv):
 
 
 def training_world(cfg, stage, step):
-    """The world of a warm-up or RL step, named by a string ("rl/13/42"): random.Random seeds
-    itself from a string's SHA-512, a number above 2^512, so whatever SEED is, no training world
-    is a validation or held-out one (integer seeds near EVAL_SEED)."""
+    """The world of a warm-up or RL step, named by a string ("rl/13/42"): random.Random seeds from
+    its SHA-512, above 2^512, so no training world is a validation or held-out one (ints near EVAL_SEED)."""
     return tw.make_world(f"{stage}/{cfg['SEED']}/{step}", scale=cfg["WORLD_SCALE"])
 
 
@@ -224,7 +223,8 @@ def supervised_warmup(cfg, lm, tokenizer, device, dtype, rank):
 def collect(cfg, step, lm, tokenizer, device, dtype, rank=0, world_size=1):
     """Sample this step's questions (this rank's shard) and roll out GROUP_SIZE episodes each."""
     runs.seed_everything("rl", cfg["SEED"], step, rank)  # resume gives the same batch
-    world = rd.dataset(cfg, "train") if rd.is_real(cfg) else training_world(cfg, "rl", step * cfg["FRESH_WORLDS"])
+    world = rd.dataset(cfg, "train") if rd.is_real(cfg) else \
+        training_world(cfg, "rl", step if cfg["FRESH_WORLDS"] else 0)
     rng = random.Random(f"rl-batch/{cfg['SEED']}/{step}")
     questions = rng.sample(world.split("train"), cfg["QUESTIONS_PER_STEP"])[rank::world_size]
     env_factory = lambda q: se.SearchEnv(world.retriever(q), q, max_turns=cfg["MAX_TURNS"], top_k=cfg["TOP_K"])
@@ -332,7 +332,7 @@ def main(argv):
     opt = torch.optim.AdamW(lm.parameters(), lr=cfg["LR"], weight_decay=0.0)
     start, bad_steps = runs.restore(resumed, lm, opt, rank) if resumed else (0, 0)
     del resumed
-    policy = SyncedPolicy(lm)
+    policy = grpo.SyncedPolicy(lm)
     if dist.is_initialized():
         policy = torch.nn.parallel.DistributedDataParallel(policy)
     if rank == 0:

@@ -21,6 +21,7 @@ sys.path.insert(0, ROOT)
 import torch  # noqa: E402
 from transformers import Qwen2Config, Qwen2ForCausalLM  # noqa: E402
 
+import grpo  # noqa: E402
 import model as M  # noqa: E402
 import runs  # noqa: E402
 import toy_world as tw  # noqa: E402
@@ -97,7 +98,7 @@ def probe_memory(shape, checkpointing, dry, path):
         M.enable_checkpointing(lm)
     ref = copy.deepcopy(lm).to(dtype).eval().requires_grad_(False)
     opt = torch.optim.AdamW(lm.parameters(), lr=cfg["LR"], weight_decay=0.0)
-    policy = train.SyncedPolicy(lm)
+    policy = grpo.SyncedPolicy(lm)
     cuda = device.type == "cuda"
     if cuda:
         torch.cuda.synchronize()

@@ -87,7 +87,7 @@ def test_one_update_on_the_device_moves_the_weights(sampled, world, tok, method)
     ref = copy.deepcopy(lm).to(dtype).eval().requires_grad_(False)
     before = [p.detach().clone() for p in lm.parameters()]
     opt = torch.optim.AdamW(lm.parameters(), lr=cfg["LR"])
-    metrics = train.update(cfg, r, world, train.SyncedPolicy(lm), lm, ref, tok, opt, device, dtype)
+    metrics = train.update(cfg, r, world, grpo.SyncedPolicy(lm), lm, ref, tok, opt, device, dtype)
     assert "nonfinite_loss" not in metrics and metrics["kl"] >= 0
     assert max((p.detach() - b).abs().max().item() for p, b in zip(lm.parameters(), before)) > 1e-5
     assert ("modulated_frac" in metrics) == (method == "evisd")
