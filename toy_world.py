@@ -34,6 +34,13 @@ FLAVOUR = ("old bridges", "long winters", "blue tiles", "river markets", "quiet 
 SIZES = dict(n_people=120, n_cities=40, n_countries=10, n_films=60, n_companies=40)
 
 
+def training_world(stage, seed, step, scale=1.0):
+    """The world of a warm-up or RL step, named by a string ("rl/13/42"). random.Random seeds
+    itself from a string's SHA-512, a number above 2^512, and validation and held-out worlds
+    have small int seeds, so whatever the run's seed, it never trains on a world it is scored on."""
+    return make_world(f"{stage}/{seed}/{step}", scale=scale)
+
+
 def _word(rng):
     """A two-syllable word, kept as a tuple so a near-duplicate can swap a syllable."""
     return (rng.choice(SYLLABLES), rng.choice(SYLLABLES))

@@ -16,7 +16,6 @@ correction) -> clipped policy loss -> AdamW.
 import copy
 import hashlib
 import json
-import math
 import os
 import random
 import signal
@@ -50,7 +49,7 @@ WORLD_SCALE = 1.0            # multiplies the default entity counts of toy_world
 TOP_K = 3                    # documents returned per search
 MAX_TURNS = 4                # generated turns per episode
 # supervised warm-up
-SFT_STEPS = 900
+SFT_STEPS = 480              # about 2 min on 2 CPU cores (docs/warmup-probes.md)
 SFT_BATCH = 16
 SFT_LR = -1.0                # -1 = auto: 3e-3 embedded, 1e-5 HF model (see AUTO)
 SFT_NOISE = 0.4              # chance that an expert demonstration makes one mistake
@@ -58,6 +57,7 @@ SFT_STOP_EARLY = 0.5         # chance that a two-hop demonstration answers after
 SFT_PARTIAL_NAME = 0.5       # chance that a demonstration searches a person by first name only: a habit
                              # greedy imitation inherits and only the reward can correct
 SFT_PRIVILEGED_FRAC = -1.0   # clean experts shown in the teacher's context; -1 = auto (0.3 tiny, 0 HF)
+SFT_CONTEXT_LOSS = -1.0      # weight of the loss on tokens read, not written (documents); -1 = auto (1 tiny, 0 HF)
 SFT_DIR = "out/sft"          # warm-up checkpoints, one per (seed, model, world, SFT settings)
 # RL
 RL_STEPS = 60
@@ -111,6 +111,7 @@ SCHEMA = runs.Schema(
             "WORLD_SCALE": above(0), "TOP_K": at_least(1), "MAX_TURNS": at_least(1),
             "SFT_STEPS": at_least(0), "SFT_BATCH": at_least(1), "SFT_LR": above(0), "SFT_NOISE": fraction(),
             "SFT_STOP_EARLY": fraction(), "SFT_PARTIAL_NAME": fraction(), "SFT_PRIVILEGED_FRAC": fraction(),
+            "SFT_CONTEXT_LOSS": at_least(0),
             "RL_STEPS": at_least(0), "QUESTIONS_PER_STEP": at_least(1), "GROUP_SIZE": at_least(2),
             "LR": above(0), "KL_COEF": at_least(0), "CLIP_EPS": above(0), "PPO_EPOCHS": at_least(1),
             "GRAD_CLIP": above(0), "MAX_NEW_TOKENS": at_least(1), "TEMPERATURE": above(0),
@@ -119,10 +120,10 @@ SCHEMA = runs.Schema(
             "VALIDATION_WORLDS": at_least(1), "CKPT_EVERY": at_least(0), "MAX_BAD_STEPS": at_least(1)},
     # -1 means auto: (embedded model, HF model). A pretrained model must never get the embedded
     # model's rates, which are tuned for 1M random weights and would wreck it.
-    auto={"SFT_LR": (3e-3, 1e-5), "LR": (2e-4, 1e-6), "SFT_PRIVILEGED_FRAC": (0.3, 0.0)})
+    auto={"SFT_LR": (3e-3, 1e-5), "LR": (2e-4, 1e-6), "SFT_PRIVILEGED_FRAC": (0.3, 0.0), "SFT_CONTEXT_LOSS": (1.0, 0.0)})
 # The warm-up's weights depend on these (and on the resolved SFT_PRIVILEGED_FRAC): its cache key.
 WARMUP_KEYS = ("MODEL", "SEED", "WORLD_SCALE", "TOP_K", "MAX_TURNS", "SFT_STEPS", "SFT_BATCH",
-               "SFT_LR", "SFT_NOISE", "SFT_STOP_EARLY", "SFT_PARTIAL_NAME")
+               "SFT_LR", "SFT_NOISE", "SFT_STOP_EARLY", "SFT_PARTIAL_NAME", "SFT_CONTEXT_LOSS")
 # A checkpoint resumed under other values of these would be another experiment spliced onto this
 # one, so --resume refuses; any other setting (RL_STEPS, EVAL_EVERY, DEVICE, ...) may change.
 RUN_KEYS = WARMUP_KEYS + ("SFT_PRIVILEGED_FRAC", "METHOD", "FRESH_WORLDS")
@@ -133,22 +134,13 @@ def configure(argv):
     return runs.parse_overrides(argv, DEFAULTS, SCHEMA)
 
 
-def training_world(cfg, stage, step):
-    """The world of a warm-up or RL step, named by a string ("rl/13/42"): random.Random seeds from
-    its SHA-512, above 2^512, so no training world is a validation or held-out one (ints near EVAL_SEED)."""
-    return tw.make_world(f"{stage}/{cfg['SEED']}/{step}", scale=cfg["WORLD_SCALE"])
-
-
 # ----------------------------------------------------------------------------- supervised warm-up
 def sft_batch(cfg, tokenizer, step, privileged_frac):
-    """Expert episodes from one fresh world: noisy ones as they are, and a fraction of clean
-    ones under EviSD's privileged context, so the model learns to read that context. Its blocks
-    go to every placement the ablations use (EVIDENCE_AT, ANSWER_AT), so one warm-up per seed
-    serves them all."""
+    """Expert episodes from one fresh world: noisy ones, and clean ones under EviSD's privileged
+    context in every placement the ablations use, so one warm-up per seed serves them all."""
     rng = random.Random(f"warmup-batch/{cfg['SEED']}/{step}")
-    world = training_world(cfg, "warmup", step)
-    questions = world.split("train")
-    transcripts = []
+    world = tw.training_world("warmup", cfg["SEED"], step, cfg["WORLD_SCALE"])
+    questions, transcripts = world.split("train"), []
     for _ in range(cfg["SFT_BATCH"]):
         q = rng.choice(questions)
         privileged = rng.random() < privileged_frac
@@ -165,14 +157,21 @@ def sft_batch(cfg, tokenizer, step, privileged_frac):
     return M.collate(transcripts, tokenizer.pad_token_id)
 
 
+def context_mask(attention_mask, gen_mask):
+    """1 on tokens read, not written (prompt, documents, privileged blocks), but not position 0."""
+    context = attention_mask - gen_mask
+    context[:, 0] = 0
+    return context
+
+
 def supervised_warmup(cfg, lm, tokenizer, device, dtype, rank):
-    """Fit the model to expert transcripts (loss on generated tokens only); cached on disk.
-    Returns the warm-up's path: for a pretrained model with SFT_STEPS=0, the model itself."""
+    """Fit the model to expert transcripts, cached on disk: the loss on its own tokens plus SFT_CONTEXT_LOSS times
+    that on the tokens it reads. Returns the warm-up's path (a pretrained model with SFT_STEPS=0: the model)."""
     if cfg["SFT_STEPS"] == 0 and cfg["MODEL"] not in M.SIZES:
         return cfg["MODEL"]   # no warm-up: no copy of a pretrained model's weights on disk
     frac = cfg["SFT_PRIVILEGED_FRAC"]
-    # "named worlds": a warm-up cached before training worlds had string names is not reused.
-    tag = hashlib.sha1(json.dumps([cfg[k] for k in WARMUP_KEYS] + [frac, "named worlds"]).encode()).hexdigest()[:10]
+    # "recipe 3" (named worlds, hold-and-decay schedule, init): no older cached warm-up is reused.
+    tag = hashlib.sha1(json.dumps([cfg[k] for k in WARMUP_KEYS] + [frac, "recipe 3"]).encode()).hexdigest()[:10]
     path = f"{cfg['SFT_DIR']}-{tag}"
     # Rank 0 alone decides whether to train: if each rank checked the disk itself, a slow rank
     # could find rank 0's fresh save, skip the barrier below, and leave rank 0 waiting forever.
@@ -180,24 +179,28 @@ def supervised_warmup(cfg, lm, tokenizer, device, dtype, rank):
     if rank == 0 and not cached:
         t0 = time.perf_counter()
         opt = torch.optim.AdamW(lm.parameters(), lr=cfg["SFT_LR"], weight_decay=0.0)
-        warmup = max(cfg["SFT_STEPS"] // 10, 1)
-        sched = torch.optim.lr_scheduler.LambdaLR(  # linear warm-up, cosine decay to 10%
-            opt, lambda s: min((s + 1) / warmup, 0.1 + 0.45 * (1 + math.cos(math.pi * s / max(cfg["SFT_STEPS"], 1)))))
+        n, warmup = max(cfg["SFT_STEPS"], 1), max(cfg["SFT_STEPS"] // 10, 1)
+        sched = torch.optim.lr_scheduler.LambdaLR(  # warm up over 10%, hold, fall to 10% over the last 20%
+            opt, lambda s: min((s + 1) / warmup, 1.0, 0.1 + 0.9 * (n - s) / (0.2 * n)))
         lm.train()
         bar, losses = tqdm(range(cfg["SFT_STEPS"]), desc="warm-up", dynamic_ncols=True), []
         for step in bar:
             b = sft_batch(cfg, tokenizer, step, frac)
-            n_gen, loss = b["gen_mask"].sum(), 0.0
+            context = context_mask(b["attention_mask"], b["gen_mask"])
+            n_gen, n_context, loss = b["gen_mask"].sum(), context.sum(), 0.0
             opt.zero_grad(set_to_none=True)
             # Two halves sorted by length, each padded only to its own longest episode: the same
             # gradient as one padded batch, for about 15% less compute.
             for rows in b["attention_mask"].sum(1).argsort().chunk(2):
                 width = int(b["attention_mask"][rows].sum(1).max())
                 ids, att, gen = (b[k][rows, :width].to(device) for k in ("input_ids", "attention_mask", "gen_mask"))
+                ctx = context[rows, :width].to(device)
                 with autocast(device, dtype):
-                    lp = M.token_logprobs(lm, ids, att, gen)
+                    lp = M.token_logprobs(lm, ids, att, gen + ctx if cfg["SFT_CONTEXT_LOSS"] else gen)
+                # The context loss teaches copying: documents repeat the names searches asked for,
+                # and a plateaued tiny model copies only a name's first token (docs/warmup-probes.md).
                 half = -(lp * gen).sum() / n_gen
-                half.backward()
+                (half - cfg["SFT_CONTEXT_LOSS"] * (lp * ctx).sum() / n_context).backward()
                 loss += half.item()
             torch.nn.utils.clip_grad_norm_(lm.parameters(), cfg["GRAD_CLIP"])
             opt.step()
@@ -206,8 +209,7 @@ def supervised_warmup(cfg, lm, tokenizer, device, dtype, rank):
             losses.append(round(loss, 4))
         seconds = time.perf_counter() - t0
         print(f"warm-up: {cfg['SFT_STEPS']} steps in {seconds:.1f} s, saved to {path}")
-        runs.atomic_save(path, lm, tokenizer, {"config": cfg, "privileged_frac": frac, "seconds": seconds,
-                                               "losses": losses})
+        runs.atomic_save(path, lm, tokenizer, {"config": cfg, "privileged_frac": frac, "seconds": seconds, "losses": losses})
     if dist.is_initialized():
         dist.barrier()
     if cached or rank != 0:
@@ -224,7 +226,7 @@ def collect(cfg, step, lm, tokenizer, device, dtype, rank=0, world_size=1):
     """Sample this step's questions (this rank's shard) and roll out GROUP_SIZE episodes each."""
     runs.seed_everything("rl", cfg["SEED"], step, rank)  # resume gives the same batch
     world = rd.dataset(cfg, "train") if rd.is_real(cfg) else \
-        training_world(cfg, "rl", step if cfg["FRESH_WORLDS"] else 0)
+        tw.training_world("rl", cfg["SEED"], step if cfg["FRESH_WORLDS"] else 0, cfg["WORLD_SCALE"])
     rng = random.Random(f"rl-batch/{cfg['SEED']}/{step}")
     questions = rng.sample(world.split("train"), cfg["QUESTIONS_PER_STEP"])[rank::world_size]
     env_factory = lambda q: se.SearchEnv(world.retriever(q), q, max_turns=cfg["MAX_TURNS"], top_k=cfg["TOP_K"])
@@ -324,9 +326,8 @@ def main(argv):
     # 1. tokenizer and model, 2. supervised warm-up (shared by GRPO and EviSD runs of a seed)
     lm, tokenizer = build_model(cfg, device)
     sft_path = supervised_warmup(cfg, lm, tokenizer, device, dtype, rank)
-    ref = None
-    if cfg["KL_COEF"] > 0:  # lm holds the warm-up weights now; the copy computes in DTYPE only
-        ref = copy.deepcopy(lm).to(dtype).eval().requires_grad_(False)
+    # lm holds the warm-up weights now; the frozen copy for the KL computes in DTYPE only
+    ref = copy.deepcopy(lm).to(dtype).eval().requires_grad_(False) if cfg["KL_COEF"] > 0 else None
 
     # 3. RL, resumable
     opt = torch.optim.AdamW(lm.parameters(), lr=cfg["LR"], weight_decay=0.0)
@@ -377,8 +378,7 @@ def main(argv):
     if rank == 0:
         print(f"saved {out}/ckpt-{done:06d} after {done} RL steps; evaluate it: python evaluate.py {out}")
     if dist.is_initialized():
-        # Free DDP's reducer, then tear the group down together: without this, one rank hung at
-        # exit after the other had finished in 4 of 11 two-process test runs (0 of 14 with it).
+        # Free DDP's reducer, then tear down together: else one rank hung at exit in 4 of 11 runs.
         del policy
         dist.barrier()
         dist.destroy_process_group()

@@ -11,6 +11,7 @@ import torch
 import credit
 import evaluate
 import runs
+import toy_world as tw
 import train
 from conftest import DEVICE
 from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -226,11 +227,11 @@ def test_any_seed_trains_on_worlds_never_evaluated_on(seed):
     low, high = cfg["EVAL_SEED"] - cfg["VALIDATION_WORLDS"], cfg["EVAL_SEED"] + 100
     assert evaluate.eval_world_seed(cfg, 0, validation=True) >= low and evaluate.eval_world_seed(cfg, 99) < high
     evaluated = {random.Random(s).random() for s in range(low, high)}
+    world_of = lambda stage, step: tw.training_world(stage, seed, step, cfg["WORLD_SCALE"])
     for stage, step in (("warmup", 0), ("warmup", 899), ("rl", 0), ("rl", 59)):
-        world = train.training_world(cfg, stage, step)
+        world = world_of(stage, step)
         assert isinstance(world.seed, str) and random.Random(world.seed).random() not in evaluated
-    assert train.training_world(cfg, "rl", 1).docs != train.training_world(cfg, "rl", 2).docs
-    assert train.training_world(cfg, "rl", 1).docs != train.training_world(cfg, "warmup", 1).docs
+    assert world_of("rl", 1).docs != world_of("rl", 2).docs and world_of("rl", 1).docs != world_of("warmup", 1).docs
     runs.seed_everything("rl", seed, 59, 0)
     first = torch.rand(1)
     runs.seed_everything("rl", seed, 59, 1)
@@ -256,6 +257,21 @@ def test_warmup_demonstrator_has_its_habits_only_when_asked():
     # Only cities have one-word names: the habit adds one-word queries, a person's first name.
     assert one_word(0.0, 1.0, 0.0) > one_word(0.0, 0.0, 0.0) + 5
     assert one_word(0.0, 1.0, 1.0) == one_word(0.0, 0.0, 1.0)   # the privileged demos: full names
+
+
+def test_context_mask_covers_what_the_model_reads_and_nothing_else():
+    """The context loss of the warm-up is on prompt, documents and privileged blocks: every real
+    token but position 0 is either written (gen) or read (context), never both, never padding."""
+    cfg = {k: getattr(train, k) for k in train.CONFIG_KEYS}
+    cfg.update(SFT_BATCH=8, WORLD_SCALE=0.3)
+    tok = train.M.build_tokenizer(train.M.tokenizer_texts(seeds=(0,)))
+    b = train.sft_batch(cfg, tok, step=0, privileged_frac=0.5)
+    att, gen, info = b["attention_mask"], b["gen_mask"], b["info_mask"]
+    context = train.context_mask(att, gen)
+    assert (context[:, 0] == 0).all() and (att[:, 0] == 1).all()
+    assert torch.equal((context + gen)[:, 1:], att[:, 1:])            # read or written, once
+    assert (context[att == 0] == 0).all() and (context * gen).sum() == 0
+    assert (context[info.bool()] == 1).all() and info.sum() > 0.5 * context.sum()   # mostly documents
 
 
 def test_paired_table_and_credit_report_on_tiny_runs(tmp_path, capsys, monkeypatch):
