@@ -136,11 +136,11 @@ def configure(argv):
 
 # ----------------------------------------------------------------------------- supervised warm-up
 def sft_batch(cfg, tokenizer, step, privileged_frac):
-    """Expert episodes from one fresh world: noisy ones, and clean ones under EviSD's privileged
-    context in every placement the ablations use, so one warm-up per seed serves them all."""
+    """Expert episodes from one fresh world, noisy ones and clean ones under EviSD's privileged context
+    in every placement the ablations use (one warm-up per seed serves them all), and the context mask."""
     rng = random.Random(f"warmup-batch/{cfg['SEED']}/{step}")
     world = tw.training_world("warmup", cfg["SEED"], step, cfg["WORLD_SCALE"])
-    questions, transcripts = world.split("train"), []
+    questions, transcripts, inserted = world.split("train"), [], []
     for _ in range(cfg["SFT_BATCH"]):
         q = rng.choice(questions)
         privileged = rng.random() < privileged_frac
@@ -149,19 +149,20 @@ def sft_batch(cfg, tokenizer, step, privileged_frac):
                                stop_early=0.0 if privileged else cfg["SFT_STOP_EARLY"],
                                partial_name=0.0 if privileged else cfg["SFT_PARTIAL_NAME"])
         tr = M.encode_episode(tokenizer, M.render_prompt(tokenizer, q), ep.turns, ep.observations)
+        student_pos = range(len(tr.ids))   # of each token; -1: a privileged block's
         if privileged:
             placement = evisd.Privilege(evidence_at=rng.choice(("first", "every")),
                                         answer_at=rng.choice(("tag", "content")))
-            tr, _ = evisd.insert_privileged(tr, *evisd.privileged_ids(tokenizer, q, world), placement, tokenizer)
+            tr, student_pos = evisd.insert_privileged(tr, *evisd.privileged_ids(tokenizer, q, world), placement, tokenizer)
         transcripts.append(tr)
-    return M.collate(transcripts, tokenizer.pad_token_id)
-
-
-def context_mask(attention_mask, gen_mask):
-    """1 on tokens read, not written (prompt, documents, privileged blocks), but not position 0."""
-    context = attention_mask - gen_mask
-    context[:, 0] = 0
-    return context
+        inserted.append([0] + [j for j, p in enumerate(student_pos) if p < 0])   # and position 0
+    b = M.collate(transcripts, tokenizer.pad_token_id)
+    # The context loss's tokens: prompt and documents, not position 0, and no privileged block, or
+    # the model learns to write "the answer is ..." after <answer> itself (one first try did).
+    b["context_mask"] = b["attention_mask"] - b["gen_mask"]
+    for i, positions in enumerate(inserted):
+        b["context_mask"][i, positions] = 0
+    return b
 
 
 def supervised_warmup(cfg, lm, tokenizer, device, dtype, rank):
@@ -170,8 +171,8 @@ def supervised_warmup(cfg, lm, tokenizer, device, dtype, rank):
     if cfg["SFT_STEPS"] == 0 and cfg["MODEL"] not in M.SIZES:
         return cfg["MODEL"]   # no warm-up: no copy of a pretrained model's weights on disk
     frac = cfg["SFT_PRIVILEGED_FRAC"]
-    # "recipe 3" (named worlds, hold-and-decay schedule, init): no older cached warm-up is reused.
-    tag = hashlib.sha1(json.dumps([cfg[k] for k in WARMUP_KEYS] + [frac, "recipe 3"]).encode()).hexdigest()[:10]
+    # "recipe 4" (named worlds, schedule, init, context mask): no older cached warm-up is reused.
+    tag = hashlib.sha1(json.dumps([cfg[k] for k in WARMUP_KEYS] + [frac, "recipe 4"]).encode()).hexdigest()[:10]
     path = f"{cfg['SFT_DIR']}-{tag}"
     # Rank 0 alone decides whether to train: if each rank checked the disk itself, a slow rank
     # could find rank 0's fresh save, skip the barrier below, and leave rank 0 waiting forever.
@@ -186,15 +187,14 @@ def supervised_warmup(cfg, lm, tokenizer, device, dtype, rank):
         bar, losses = tqdm(range(cfg["SFT_STEPS"]), desc="warm-up", dynamic_ncols=True), []
         for step in bar:
             b = sft_batch(cfg, tokenizer, step, frac)
-            context = context_mask(b["attention_mask"], b["gen_mask"])
-            n_gen, n_context, loss = b["gen_mask"].sum(), context.sum(), 0.0
+            n_gen, n_context, loss = b["gen_mask"].sum(), b["context_mask"].sum(), 0.0
             opt.zero_grad(set_to_none=True)
             # Two halves sorted by length, each padded only to its own longest episode: the same
             # gradient as one padded batch, for about 15% less compute.
             for rows in b["attention_mask"].sum(1).argsort().chunk(2):
                 width = int(b["attention_mask"][rows].sum(1).max())
-                ids, att, gen = (b[k][rows, :width].to(device) for k in ("input_ids", "attention_mask", "gen_mask"))
-                ctx = context[rows, :width].to(device)
+                keys = ("input_ids", "attention_mask", "gen_mask", "context_mask")
+                ids, att, gen, ctx = (b[k][rows, :width].to(device) for k in keys)
                 with autocast(device, dtype):
                     lp = M.token_logprobs(lm, ids, att, gen + ctx if cfg["SFT_CONTEXT_LOSS"] else gen)
                 # The context loss teaches copying: documents repeat the names searches asked for,

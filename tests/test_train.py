@@ -260,18 +260,26 @@ def test_warmup_demonstrator_has_its_habits_only_when_asked():
 
 
 def test_context_mask_covers_what_the_model_reads_and_nothing_else():
-    """The context loss of the warm-up is on prompt, documents and privileged blocks: every real
-    token but position 0 is either written (gen) or read (context), never both, never padding."""
+    """The warm-up's context loss is on the prompt and the documents: never on the model's own
+    tokens, padding or position 0, and never on a privileged block (or the model would learn to
+    write "the answer is ..." itself)."""
     cfg = {k: getattr(train, k) for k in train.CONFIG_KEYS}
     cfg.update(SFT_BATCH=8, WORLD_SCALE=0.3)
     tok = train.M.build_tokenizer(train.M.tokenizer_texts(seeds=(0,)))
-    b = train.sft_batch(cfg, tok, step=0, privileged_frac=0.5)
-    att, gen, info = b["attention_mask"], b["gen_mask"], b["info_mask"]
-    context = train.context_mask(att, gen)
-    assert (context[:, 0] == 0).all() and (att[:, 0] == 1).all()
-    assert torch.equal((context + gen)[:, 1:], att[:, 1:])            # read or written, once
-    assert (context[att == 0] == 0).all() and (context * gen).sum() == 0
-    assert (context[info.bool()] == 1).all() and info.sum() > 0.5 * context.sum()   # mostly documents
+    plain, mixed = (train.sft_batch(cfg, tok, step=0, privileged_frac=f) for f in (0.0, 0.5))
+    for b in (plain, mixed):
+        att, gen, context = b["attention_mask"], b["gen_mask"], b["context_mask"]
+        assert (context[:, 0] == 0).all() and (context[att == 0] == 0).all() and (context * gen).sum() == 0
+    # Without privileged demonstrations every real token but the first is read or written, once.
+    assert torch.equal((plain["context_mask"] + plain["gen_mask"])[:, 1:], plain["attention_mask"][:, 1:])
+    # With them, exactly the inserted blocks are left out: each starts with <information> and holds
+    # the golden answer ("the answer is ...") or the gold evidence.
+    left_out = mixed["attention_mask"] - mixed["gen_mask"] - mixed["context_mask"]
+    left_out[:, 0] = 0
+    assert left_out.sum() > 0 and left_out.min() == 0
+    texts = [tok.decode(mixed["input_ids"][i][left_out[i].bool()]) for i in range(len(left_out))]
+    assert any("the answer is" in t for t in texts)
+    assert all(t == "" or t.lstrip().startswith("<information>") for t in texts)
 
 
 def test_paired_table_and_credit_report_on_tiny_runs(tmp_path, capsys, monkeypatch):
