@@ -28,22 +28,24 @@ def by_run(path):
 
 def main(argv):
     out = argv[0] if argv and not argv[0].startswith("--") else "out/w19"
-    validation, heldout = by_run(f"{out}/warmups-validation.json"), by_run(f"{out}/warmups-heldout.json")
+    heldout = by_run(f"{out}/warmups-heldout.json")
+    validation = by_run(f"{out}/warmups-validation.json") if os.path.exists(f"{out}/warmups-validation.json") else {}
     rows = []
     for path in sorted(glob.glob(f"{out}/sft-*")):
         state = torch.load(os.path.join(path, "state.pt"), weights_only=False)
         seed, losses = state["config"]["SEED"], state["losses"]
         card = json.load(open(f"{out}/credit-{os.path.basename(path)}.json"))[path]["shares"]
         rows.append({"seed": seed, "final_loss": sum(losses[-50:]) / len(losses[-50:]), "warmup_s": state["seconds"],
-                     "val_hop1": validation[path]["hop1"], "val_macro": validation[path]["macro"],
+                     "val_hop1": validation.get(path, {}).get("hop1"), "val_macro": validation.get(path, {}).get("macro"),
                      "hop1": heldout[path]["hop1"], "macro": heldout[path]["macro"],
                      "partial": card.get("label_search_partial", 0.0), "premature": card.get("label_answer_premature", 0.0),
                      "before_hop1": BEFORE["hop1"][seed] if seed < 10 else None,
                      "before_macro": BEFORE["macro"][seed] if seed < 10 else None})
     rows.sort(key=lambda r: r["seed"])
-    cols = [("final loss", "final_loss"), ("warm-up s", "warmup_s"), ("val 1-hop", "val_hop1"), ("val macro", "val_macro"),
-            ("held-out 1-hop", "hop1"), ("held-out macro", "macro"), ("partial searches", "partial"),
-            ("premature answers", "premature"), ("before: 1-hop", "before_hop1"), ("before: macro", "before_macro")]
+    cols = [("final loss", "final_loss"), ("warm-up s", "warmup_s")]
+    cols += [("val 1-hop", "val_hop1"), ("val macro", "val_macro")] if validation else []
+    cols += [("held-out 1-hop", "hop1"), ("held-out macro", "macro"), ("partial searches", "partial"),
+             ("premature answers", "premature"), ("before: 1-hop", "before_hop1"), ("before: macro", "before_macro")]
     print("| seed | " + " | ".join(str(r["seed"]) for r in rows) + " |\n|---" * 1 + "|---" * len(rows) + "|")
     for name, key in cols:
         spec = ".0f" if key == "warmup_s" else ".3f" if "hop1" in key or "macro" in key else ".2f"
