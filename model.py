@@ -37,7 +37,6 @@ CACHE_KWARG = ("cache" if "cache" in inspect.signature(GenerationMixin.prepare_i
 
 # hidden, layers, heads, kv heads, mlp width. tiny ~ 1M parameters, small ~ 5M.
 SIZES = {"tiny": (128, 4, 4, 2, 384), "small": (256, 6, 8, 4, 768), "base": (512, 8, 8, 4, 1536)}
-INIT_SCALE = 0.68  # init std = INIT_SCALE / sqrt(hidden), 0.06 for tiny: from HF's 0.02 the warm-up stalls longer
 
 
 # ----------------------------------------------------------------------------- tokenizer
@@ -90,7 +89,7 @@ def build_model(tokenizer, size="tiny", seed=0):
     config = Qwen2Config(
         vocab_size=len(tokenizer), hidden_size=hidden, intermediate_size=mlp,
         num_hidden_layers=layers, num_attention_heads=heads, num_key_value_heads=kv_heads,
-        max_position_embeddings=2048, tie_word_embeddings=True, initializer_range=INIT_SCALE / hidden ** 0.5,
+        max_position_embeddings=2048, tie_word_embeddings=True,
         pad_token_id=tokenizer.pad_token_id, bos_token_id=tokenizer.bos_token_id,
         eos_token_id=tokenizer.eos_token_id)
     torch.manual_seed(seed)

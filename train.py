@@ -16,6 +16,7 @@ correction) -> clipped policy loss -> AdamW.
 import copy
 import hashlib
 import json
+import math
 import os
 import random
 import signal
@@ -49,7 +50,7 @@ WORLD_SCALE = 1.0            # multiplies the default entity counts of toy_world
 TOP_K = 3                    # documents returned per search
 MAX_TURNS = 4                # generated turns per episode
 # supervised warm-up
-SFT_STEPS = 480              # about 2 min on 2 CPU cores (docs/warmup-probes.md)
+SFT_STEPS = 900
 SFT_BATCH = 16
 SFT_LR = -1.0                # -1 = auto: 3e-3 embedded, 1e-5 HF model (see AUTO)
 SFT_NOISE = 0.4              # chance that an expert demonstration makes one mistake
@@ -57,7 +58,7 @@ SFT_STOP_EARLY = 0.5         # chance that a two-hop demonstration answers after
 SFT_PARTIAL_NAME = 0.5       # chance that a demonstration searches a person by first name only: a habit
                              # greedy imitation inherits and only the reward can correct
 SFT_PRIVILEGED_FRAC = -1.0   # clean experts shown in the teacher's context; -1 = auto (0.3 tiny, 0 HF)
-SFT_CONTEXT_LOSS = -1.0      # weight of the loss on tokens read, not written (documents); -1 = auto (1 tiny, 0 HF)
+SFT_CONTEXT_LOSS = 0.0       # weight of a loss on the tokens read (documents): 1 at 480 steps was worse (docs/warmup-probes.md)
 SFT_DIR = "out/sft"          # warm-up checkpoints, one per (seed, model, world, SFT settings)
 # RL
 RL_STEPS = 60
@@ -120,7 +121,7 @@ SCHEMA = runs.Schema(
             "VALIDATION_WORLDS": at_least(1), "CKPT_EVERY": at_least(0), "MAX_BAD_STEPS": at_least(1)},
     # -1 means auto: (embedded model, HF model). A pretrained model must never get the embedded
     # model's rates, which are tuned for 1M random weights and would wreck it.
-    auto={"SFT_LR": (3e-3, 1e-5), "LR": (2e-4, 1e-6), "SFT_PRIVILEGED_FRAC": (0.3, 0.0), "SFT_CONTEXT_LOSS": (1.0, 0.0)})
+    auto={"SFT_LR": (3e-3, 1e-5), "LR": (2e-4, 1e-6), "SFT_PRIVILEGED_FRAC": (0.3, 0.0)})
 # The warm-up's weights depend on these (and on the resolved SFT_PRIVILEGED_FRAC): its cache key.
 WARMUP_KEYS = ("MODEL", "SEED", "WORLD_SCALE", "TOP_K", "MAX_TURNS", "SFT_STEPS", "SFT_BATCH",
                "SFT_LR", "SFT_NOISE", "SFT_STOP_EARLY", "SFT_PARTIAL_NAME", "SFT_CONTEXT_LOSS")
@@ -171,8 +172,8 @@ def supervised_warmup(cfg, lm, tokenizer, device, dtype, rank):
     if cfg["SFT_STEPS"] == 0 and cfg["MODEL"] not in M.SIZES:
         return cfg["MODEL"]   # no warm-up: no copy of a pretrained model's weights on disk
     frac = cfg["SFT_PRIVILEGED_FRAC"]
-    # "recipe 4" (named worlds, schedule, init, context mask): no older cached warm-up is reused.
-    tag = hashlib.sha1(json.dumps([cfg[k] for k in WARMUP_KEYS] + [frac, "recipe 4"]).encode()).hexdigest()[:10]
+    # "named worlds": a warm-up cached before training worlds had string names is not reused.
+    tag = hashlib.sha1(json.dumps([cfg[k] for k in WARMUP_KEYS] + [frac, "named worlds"]).encode()).hexdigest()[:10]
     path = f"{cfg['SFT_DIR']}-{tag}"
     # Rank 0 alone decides whether to train: if each rank checked the disk itself, a slow rank
     # could find rank 0's fresh save, skip the barrier below, and leave rank 0 waiting forever.
@@ -180,9 +181,9 @@ def supervised_warmup(cfg, lm, tokenizer, device, dtype, rank):
     if rank == 0 and not cached:
         t0 = time.perf_counter()
         opt = torch.optim.AdamW(lm.parameters(), lr=cfg["SFT_LR"], weight_decay=0.0)
-        n, warmup = max(cfg["SFT_STEPS"], 1), max(cfg["SFT_STEPS"] // 10, 1)
-        sched = torch.optim.lr_scheduler.LambdaLR(  # warm up over 10%, hold, fall to 10% over the last 20%
-            opt, lambda s: min((s + 1) / warmup, 1.0, 0.1 + 0.9 * (n - s) / (0.2 * n)))
+        warmup = max(cfg["SFT_STEPS"] // 10, 1)
+        sched = torch.optim.lr_scheduler.LambdaLR(  # linear warm-up, cosine decay to 10%
+            opt, lambda s: min((s + 1) / warmup, 0.1 + 0.45 * (1 + math.cos(math.pi * s / max(cfg["SFT_STEPS"], 1)))))
         lm.train()
         bar, losses = tqdm(range(cfg["SFT_STEPS"]), desc="warm-up", dynamic_ncols=True), []
         for step in bar:
@@ -197,8 +198,7 @@ def supervised_warmup(cfg, lm, tokenizer, device, dtype, rank):
                 ids, att, gen, ctx = (b[k][rows, :width].to(device) for k in keys)
                 with autocast(device, dtype):
                     lp = M.token_logprobs(lm, ids, att, gen + ctx if cfg["SFT_CONTEXT_LOSS"] else gen)
-                # The context loss teaches copying: documents repeat the names searches asked for,
-                # and a plateaued tiny model copies only a name's first token (docs/warmup-probes.md).
+                # The context loss (off by default) trains copying on the names documents repeat.
                 half = -(lp * gen).sum() / n_gen
                 (half - cfg["SFT_CONTEXT_LOSS"] * (lp * ctx).sum() / n_context).backward()
                 loss += half.item()
