@@ -58,7 +58,7 @@ SFT_STOP_EARLY = 0.5         # chance that a two-hop demonstration answers after
 SFT_PARTIAL_NAME = 0.5       # chance that a demonstration searches a person by first name only: a habit
                              # greedy imitation inherits and only the reward can correct
 SFT_PRIVILEGED_FRAC = -1.0   # clean experts shown in the teacher's context; -1 = auto (0.3 tiny, 0 HF)
-SFT_CONTEXT_LOSS = 0.0       # weight of a loss on the tokens read (documents): 1 at 480 steps was worse (docs/warmup-probes.md)
+SFT_CONTEXT_LOSS = -1.0      # weight of a loss on the tokens read; -1 = auto (1 tiny: the names documents repeat teach copying; 0 HF)
 SFT_DIR = "out/sft"          # warm-up checkpoints, one per (seed, model, world, SFT settings)
 # RL
 RL_STEPS = 60
@@ -121,7 +121,7 @@ SCHEMA = runs.Schema(
             "VALIDATION_WORLDS": at_least(1), "CKPT_EVERY": at_least(0), "MAX_BAD_STEPS": at_least(1)},
     # -1 means auto: (embedded model, HF model). A pretrained model must never get the embedded
     # model's rates, which are tuned for 1M random weights and would wreck it.
-    auto={"SFT_LR": (3e-3, 1e-5), "LR": (2e-4, 1e-6), "SFT_PRIVILEGED_FRAC": (0.3, 0.0)})
+    auto={"SFT_LR": (3e-3, 1e-5), "LR": (2e-4, 1e-6), "SFT_PRIVILEGED_FRAC": (0.3, 0.0), "SFT_CONTEXT_LOSS": (1.0, 0.0)})
 # The warm-up's weights depend on these (and on the resolved SFT_PRIVILEGED_FRAC): its cache key.
 WARMUP_KEYS = ("MODEL", "SEED", "WORLD_SCALE", "TOP_K", "MAX_TURNS", "SFT_STEPS", "SFT_BATCH",
                "SFT_LR", "SFT_NOISE", "SFT_STOP_EARLY", "SFT_PARTIAL_NAME", "SFT_CONTEXT_LOSS")
@@ -198,7 +198,7 @@ def supervised_warmup(cfg, lm, tokenizer, device, dtype, rank):
                 ids, att, gen, ctx = (b[k][rows, :width].to(device) for k in keys)
                 with autocast(device, dtype):
                     lp = M.token_logprobs(lm, ids, att, gen + ctx if cfg["SFT_CONTEXT_LOSS"] else gen)
-                # The context loss (off by default) trains copying on the names documents repeat.
+                # The context loss trains copying on the names documents repeat (docs/warmup-probes.md).
                 half = -(lp * gen).sum() / n_gen
                 (half - cfg["SFT_CONTEXT_LOSS"] * (lp * ctx).sum() / n_context).backward()
                 loss += half.item()

@@ -56,6 +56,8 @@ def main(argv):
     ap.add_argument("--table", action="store_true", help="print every recipe's rows as one Markdown table")
     ap.add_argument("--seeds", default="0-9")
     ap.add_argument("--shape", default=None, help="hidden,layers,heads,kv_heads,mlp of MODEL (default: model.SIZES)")
+    ap.add_argument("--init", default=None, help="probe only: zero-proj = residual output projections start at 0")
+    ap.add_argument("--arch", default=None, help="probe only: qwen3 = the same shape with QK-norm (Qwen3)")
     ap.add_argument("--worlds", type=int, default=2, help="validation worlds to evaluate on")
     args, overrides = ap.parse_known_args(argv)
     root = os.path.join(ROOT, "out", "sweep")
@@ -64,6 +66,19 @@ def main(argv):
     if not args.name:
         ap.error("give the recipe's name (or --table)")
     os.makedirs(root, exist_ok=True)
+    if args.arch == "qwen3":
+        from transformers import Qwen3Config, Qwen3ForCausalLM
+
+        def qwen3(tokenizer, size="tiny", seed=0):
+            hidden, layers, heads, kv_heads, mlp = M.SIZES[size]
+            config = Qwen3Config(vocab_size=len(tokenizer), hidden_size=hidden, intermediate_size=mlp,
+                                 num_hidden_layers=layers, num_attention_heads=heads, num_key_value_heads=kv_heads,
+                                 head_dim=hidden // heads, max_position_embeddings=2048, tie_word_embeddings=True,
+                                 pad_token_id=tokenizer.pad_token_id, bos_token_id=tokenizer.bos_token_id,
+                                 eos_token_id=tokenizer.eos_token_id)
+            torch.manual_seed(seed)
+            return Qwen3ForCausalLM(config)
+        M.build_model = qwen3
     for seed in seeds_from(args.seeds):
         cfg, _, _ = train.configure([f"--SEED={seed}", f"--SFT_DIR={root}/{args.name}/sft", "--DEVICE=cpu"] + overrides)
         if args.shape:                          # the cache key has MODEL's name: one recipe name per shape
@@ -71,11 +86,16 @@ def main(argv):
         device, dtype = runs.pick_device(cfg)
         started = time.perf_counter()
         lm, tok = train.build_model(cfg, device)
+        if args.init == "zero-proj":
+            with torch.no_grad():
+                for layer in lm.model.layers:
+                    layer.self_attn.o_proj.weight.zero_()
+                    layer.mlp.down_proj.weight.zero_()
         path = train.supervised_warmup(cfg, lm, tok, device, dtype, rank=0)
         state = torch.load(os.path.join(path, "state.pt"), weights_only=False)
         losses = state.get("losses", [])
         em = evaluate.cached_em(path, lm.eval(), tok, cfg, args.worlds, validation=True)
-        row = {"recipe": args.name, "seed": seed, "overrides": overrides, "shape": args.shape,
+        row = {"recipe": args.name, "seed": seed, "overrides": overrides, "shape": args.shape, "init": args.init, "arch": args.arch,
                "params": sum(p.numel() for p in lm.parameters()), "warmup_s": round(state.get("seconds", 0), 1),
                "final_loss": round(sum(losses[-50:]) / max(len(losses[-50:]), 1), 4),
                "loss_every_50": losses[49::50], "val_hop1": em["hop1"], "val_hop2": em["hop2"],
