@@ -93,9 +93,10 @@ def test_overrides_parse_types():
 
 def test_auto_learning_rates_depend_on_the_model():
     embedded, _, _ = train.configure([])
-    assert (embedded["LR"], embedded["SFT_LR"], embedded["SFT_PRIVILEGED_FRAC"]) == (2e-4, 3e-3, 0.3)
+    auto = ("LR", "SFT_LR", "SFT_PRIVILEGED_FRAC", "SFT_CONTEXT_LOSS")
+    assert tuple(embedded[k] for k in auto) == (2e-4, 3e-3, 0.3, 1.0)
     hf, _, _ = train.configure(["--MODEL=Qwen/Qwen2.5-0.5B-Instruct"])
-    assert (hf["LR"], hf["SFT_LR"], hf["SFT_PRIVILEGED_FRAC"]) == (1e-6, 1e-5, 0.0)
+    assert tuple(hf[k] for k in auto) == (1e-6, 1e-5, 0.0, 0.0)   # a pretrained model reads documents already
     chosen, _, _ = train.configure(["--MODEL=some/model", "--LR=3e-6"])
     assert chosen["LR"] == 3e-6                                   # an explicit value wins
 
