@@ -150,16 +150,16 @@ def sft_batch(cfg, tokenizer, step, privileged_frac):
                                stop_early=0.0 if privileged else cfg["SFT_STOP_EARLY"],
                                partial_name=0.0 if privileged else cfg["SFT_PARTIAL_NAME"])
         tr = M.encode_episode(tokenizer, M.render_prompt(tokenizer, q), ep.turns, ep.observations)
-        student_pos = range(len(tr.ids))   # of each token; -1: a privileged block's
+        not_read = [0]   # out of the context loss: position 0, and privileged blocks (one first try's student wrote them)
         if privileged:
             placement = evisd.Privilege(evidence_at=rng.choice(("first", "every")),
                                         answer_at=rng.choice(("tag", "content")))
             tr, student_pos = evisd.insert_privileged(tr, *evisd.privileged_ids(tokenizer, q, world), placement, tokenizer)
+            not_read += [j for j, p in enumerate(student_pos) if p < 0]   # -1: a privileged block's token
         transcripts.append(tr)
-        inserted.append([0] + [j for j, p in enumerate(student_pos) if p < 0])   # and position 0
+        inserted.append(not_read)
     b = M.collate(transcripts, tokenizer.pad_token_id)
-    # The context loss's tokens: prompt and documents, not position 0, and no privileged block, or
-    # the model learns to write "the answer is ..." after <answer> itself (one first try did).
+    # The context loss's tokens: what the model reads (prompt, documents), less not_read.
     b["context_mask"] = b["attention_mask"] - b["gen_mask"]
     for i, positions in enumerate(inserted):
         b["context_mask"][i, positions] = 0

@@ -67,19 +67,10 @@ def main(argv):
     if not args.name:
         ap.error("give the recipe's name (or --table)")
     os.makedirs(root, exist_ok=True)
-    if args.arch == "qwen3":
+    if args.arch == "qwen3":   # model.build_model's config and seeding, with Qwen3's layers (QK-norm)
         from transformers import Qwen3Config, Qwen3ForCausalLM
-
-        def qwen3(tokenizer, size="tiny", seed=0):
-            hidden, layers, heads, kv_heads, mlp = M.SIZES[size]
-            config = Qwen3Config(vocab_size=len(tokenizer), hidden_size=hidden, intermediate_size=mlp,
-                                 num_hidden_layers=layers, num_attention_heads=heads, num_key_value_heads=kv_heads,
-                                 head_dim=hidden // heads, max_position_embeddings=2048, tie_word_embeddings=True,
-                                 pad_token_id=tokenizer.pad_token_id, bos_token_id=tokenizer.bos_token_id,
-                                 eos_token_id=tokenizer.eos_token_id)
-            torch.manual_seed(seed)
-            return Qwen3ForCausalLM(config)
-        M.build_model = qwen3
+        M.Qwen2Config = lambda **kw: Qwen3Config(head_dim=kw["hidden_size"] // kw["num_attention_heads"], **kw)
+        M.Qwen2ForCausalLM = Qwen3ForCausalLM
     for seed in seeds_from(args.seeds):
         cfg, _, _ = train.configure([f"--SEED={seed}", f"--SFT_DIR={root}/{args.name}/sft", "--DEVICE=cpu"] + overrides)
         if args.shape:                          # the cache key has MODEL's name: one recipe name per shape

@@ -46,7 +46,8 @@ def main(argv):
     cols += [("val 1-hop", "val_hop1"), ("val macro", "val_macro")] if validation else []
     cols += [("held-out 1-hop", "hop1"), ("held-out macro", "macro"), ("partial searches", "partial"),
              ("premature answers", "premature"), ("before: 1-hop", "before_hop1"), ("before: macro", "before_macro")]
-    print("| seed | " + " | ".join(str(r["seed"]) for r in rows) + " |\n|---" * 1 + "|---" * len(rows) + "|")
+    print("| seed | " + " | ".join(str(r["seed"]) for r in rows) + " |")
+    print("|---" * (len(rows) + 1) + "|")
     for name, key in cols:
         spec = ".0f" if key == "warmup_s" else ".3f" if "hop1" in key or "macro" in key else ".2f"
         print(f"| {name} | " + " | ".join(format(r[key], spec) for r in rows) + " |")
@@ -56,7 +57,7 @@ def main(argv):
                "seeds_meeting_target": learned}
     walls = f"{out}/wall.jsonl"
     if os.path.exists(walls):
-        summary["default_run_wall_s"] = {json.loads(x)["seed"]: json.loads(x)["wall_s"] for x in open(walls)}
+        summary["default_run_wall_s"] = {r["seed"]: r["wall_s"] for r in map(json.loads, open(walls))}
     if os.path.exists(f"{out}/rl-heldout.json"):
         rl = {r["seed"]: r["macro"] for r in json.load(open(f"{out}/rl-heldout.json"))["runs"]}
         summary["rl_macro"] = rl
