@@ -7,11 +7,10 @@
     python train.py --OUT_DIR=out/run --overwrite     # start again, deleting the run that is there
     torchrun --nproc_per_node=4 train.py              # data parallel on 4 GPUs (or CPU gloo)
 
-The constants below are the whole config (runs.py parses the overrides and preset files against
-them and the schema after them). Stages, top to bottom: world and tokenizer, model, supervised
-warm-up on expert episodes (cached, so GRPO and EviSD start from the same weights), then the RL
-loop: rollout -> rewards -> group advantages -> (EviSD: teacher re-scoring and the bounded
-correction) -> clipped policy loss -> AdamW.
+The constants below are the whole config (runs.py checks overrides and presets against them and
+the schema). Stages: world and tokenizer, model, supervised warm-up on expert episodes (cached, so
+GRPO and EviSD start from the same weights), then the RL loop: rollout -> rewards -> group
+advantages -> (EviSD: teacher re-scoring and the bounded correction) -> clipped policy loss -> AdamW.
 """
 import copy
 import hashlib
@@ -54,11 +53,12 @@ SFT_STEPS = 900
 SFT_BATCH = 16
 SFT_LR = -1.0                # -1 = auto: 3e-3 embedded, 1e-5 HF model (see AUTO)
 SFT_NOISE = 0.4              # chance that an expert demonstration makes one mistake
-SFT_STOP_EARLY = 0.5         # chance that a two-hop demonstration answers after one hop: a habit
-SFT_PARTIAL_NAME = 0.5       # chance that a demonstration searches a person by first name only: a habit
-                             # greedy imitation inherits and only the reward can correct
+SFT_STOP_EARLY = 0.5         # chance a two-hop demonstration answers after one hop: a habit only the reward corrects
+SFT_PARTIAL_NAME = 0.5       # chance a demonstration searches a person by first name only: a habit too
 SFT_PRIVILEGED_FRAC = -1.0   # clean experts shown in the teacher's context; -1 = auto (0.3 tiny, 0 HF)
 SFT_CONTEXT_LOSS = -1.0      # weight of a loss on the tokens read; -1 = auto (1 tiny: the names documents repeat teach copying; 0 HF)
+SFT_REPEAT_STEPS = 0         # the first this many steps cycle through SFT_REPEAT_WORLDS worlds, later ones see a
+SFT_REPEAT_WORLDS = 10       # fresh world each: repetition makes copying emerge sooner (docs/warmup-probes.md)
 SFT_DIR = "out/sft"          # warm-up checkpoints, one per (seed, model, world, SFT settings)
 # RL
 RL_STEPS = 60
@@ -112,7 +112,7 @@ SCHEMA = runs.Schema(
             "WORLD_SCALE": above(0), "TOP_K": at_least(1), "MAX_TURNS": at_least(1),
             "SFT_STEPS": at_least(0), "SFT_BATCH": at_least(1), "SFT_LR": above(0), "SFT_NOISE": fraction(),
             "SFT_STOP_EARLY": fraction(), "SFT_PARTIAL_NAME": fraction(), "SFT_PRIVILEGED_FRAC": fraction(),
-            "SFT_CONTEXT_LOSS": at_least(0),
+            "SFT_CONTEXT_LOSS": at_least(0), "SFT_REPEAT_STEPS": at_least(0), "SFT_REPEAT_WORLDS": at_least(1),
             "RL_STEPS": at_least(0), "QUESTIONS_PER_STEP": at_least(1), "GROUP_SIZE": at_least(2),
             "LR": above(0), "KL_COEF": at_least(0), "CLIP_EPS": above(0), "PPO_EPOCHS": at_least(1),
             "GRAD_CLIP": above(0), "MAX_NEW_TOKENS": at_least(1), "TEMPERATURE": above(0),
@@ -123,8 +123,8 @@ SCHEMA = runs.Schema(
     # model's rates, which are tuned for 1M random weights and would wreck it.
     auto={"SFT_LR": (3e-3, 1e-5), "LR": (2e-4, 1e-6), "SFT_PRIVILEGED_FRAC": (0.3, 0.0), "SFT_CONTEXT_LOSS": (1.0, 0.0)})
 # The warm-up's weights depend on these (and on the resolved SFT_PRIVILEGED_FRAC): its cache key.
-WARMUP_KEYS = ("MODEL", "SEED", "WORLD_SCALE", "TOP_K", "MAX_TURNS", "SFT_STEPS", "SFT_BATCH",
-               "SFT_LR", "SFT_NOISE", "SFT_STOP_EARLY", "SFT_PARTIAL_NAME", "SFT_CONTEXT_LOSS")
+WARMUP_KEYS = ("MODEL", "SEED", "WORLD_SCALE", "TOP_K", "MAX_TURNS", "SFT_STEPS", "SFT_BATCH", "SFT_LR", "SFT_NOISE",
+               "SFT_STOP_EARLY", "SFT_PARTIAL_NAME", "SFT_CONTEXT_LOSS", "SFT_REPEAT_STEPS", "SFT_REPEAT_WORLDS")
 # A checkpoint resumed under other values of these would be another experiment spliced onto this
 # one, so --resume refuses; any other setting (RL_STEPS, EVAL_EVERY, DEVICE, ...) may change.
 RUN_KEYS = WARMUP_KEYS + ("SFT_PRIVILEGED_FRAC", "METHOD", "FRESH_WORLDS")
@@ -140,7 +140,8 @@ def sft_batch(cfg, tokenizer, step, privileged_frac):
     """Expert episodes from one fresh world, noisy ones and clean ones under EviSD's privileged context
     in every placement the ablations use (one warm-up per seed serves them all), and the context mask."""
     rng = random.Random(f"warmup-batch/{cfg['SEED']}/{step}")
-    world = tw.training_world("warmup", cfg["SEED"], step, cfg["WORLD_SCALE"])
+    index = step % cfg["SFT_REPEAT_WORLDS"] if step < cfg["SFT_REPEAT_STEPS"] else step   # its questions drawn afresh
+    world = tw.training_world("warmup", cfg["SEED"], index, cfg["WORLD_SCALE"])
     questions, transcripts, inserted = world.split("train"), [], []
     for _ in range(cfg["SFT_BATCH"]):
         q = rng.choice(questions)
@@ -190,8 +191,7 @@ def supervised_warmup(cfg, lm, tokenizer, device, dtype, rank):
             b = sft_batch(cfg, tokenizer, step, frac)
             n_gen, n_context, loss = b["gen_mask"].sum(), b["context_mask"].sum(), 0.0
             opt.zero_grad(set_to_none=True)
-            # Two halves sorted by length, each padded only to its own longest episode: the same
-            # gradient as one padded batch, for about 15% less compute.
+            # Two halves sorted by length, each padded to its own longest: one batch's gradient, ~15% less compute.
             for rows in b["attention_mask"].sum(1).argsort().chunk(2):
                 width = int(b["attention_mask"][rows].sum(1).max())
                 keys = ("input_ids", "attention_mask", "gen_mask", "context_mask")

@@ -260,6 +260,29 @@ def test_warmup_demonstrator_has_its_habits_only_when_asked():
     assert one_word(0.0, 1.0, 1.0) == one_word(0.0, 0.0, 1.0)   # the privileged demos: full names
 
 
+def test_warmup_repeats_worlds_for_its_first_steps_only():
+    """With SFT_REPEAT_STEPS=20 and SFT_REPEAT_WORLDS=10, steps 3 and 13 show questions of one
+    world (other questions: each step draws its own), steps 23 and 33 of two fresh ones; with
+    the default (0), every step has its own world."""
+    cfg = {k: getattr(train, k) for k in train.CONFIG_KEYS}
+    cfg.update(SFT_BATCH=8, WORLD_SCALE=0.3, SFT_REPEAT_WORLDS=10)
+    tok = train.M.build_tokenizer(train.M.tokenizer_texts(seeds=(0,)))
+
+    def texts(step, repeat_steps):
+        b = train.sft_batch(dict(cfg, SFT_REPEAT_STEPS=repeat_steps), tok, step, privileged_frac=0.0)
+        return [tok.decode(ids[att.bool()]) for ids, att in zip(b["input_ids"], b["attention_mask"])]
+
+    # the words of the documents a step shows, against those of world 3's documents
+    shown = lambda step, repeat: {w for t in texts(step, repeat) for block in t.split("<information>")[1:]
+                                  for w in block.split("</information>")[0].replace(".", " ").replace(":", " ").split()}
+    world3 = {w for d in tw.training_world("warmup", cfg["SEED"], 3, cfg["WORLD_SCALE"]).docs
+              for w in (d.title + " " + d.text).replace(".", " ").replace(":", " ").split()}
+    assert texts(3, 20) != texts(13, 20)                      # new questions every step
+    assert shown(13, 20) <= world3 and not shown(13, 0) <= world3 and not shown(23, 20) <= world3
+    assert texts(3, 20) == texts(3, 20) and texts(23, 20) == texts(23, 0)   # after step 20: fresh worlds
+    assert train.DEFAULTS["SFT_REPEAT_STEPS"] == 0 and texts(3, 0) != texts(13, 0)
+
+
 def test_context_mask_covers_what_the_model_reads_and_nothing_else():
     """The warm-up's context loss is on the prompt and the documents: never on the model's own
     tokens, padding or position 0, and never on a privileged block (or the model would learn to
