@@ -1,4 +1,4 @@
-"""Issue 19's tables from the outputs of docs/warmup19/protocol.sh (default: out/w19).
+"""Issue 19's tables from the outputs of docs/warmup19/protocol.sh or protocol-repeat.sh (default: out/w19).
 
     python docs/warmup19/table.py [OUT] [--json docs/warmup19/recipe3.json]
 
@@ -55,9 +55,16 @@ def main(argv):
     learned = [r["seed"] for r in rows if r["macro"] >= 0.25 and r["hop1"] >= 0.50]
     summary = {"warmup_s_min_median_max": [min(seconds), statistics.median(seconds), max(seconds)],
                "seeds_meeting_target": learned}
+    if validation:   # what a recipe may be chosen on
+        summary["seeds_meeting_target_on_validation"] = [
+            r["seed"] for r in rows if r["val_macro"] >= 0.25 and r["val_hop1"] >= 0.50]
     walls = f"{out}/wall.jsonl"
     if os.path.exists(walls):
-        summary["default_run_wall_s"] = {r["seed"]: r["wall_s"] for r in map(json.loads, open(walls))}
+        # protocol.sh times the whole default run; protocol-repeat.sh its RL alone (the warm-up cached)
+        for key in ("wall_s", "rl_wall_s"):
+            times = {r["seed"]: r[key] for r in map(json.loads, open(walls)) if key in r}
+            if times:
+                summary["default_run_" + key] = times
     if os.path.exists(f"{out}/rl-heldout.json"):
         rl = {r["seed"]: r["macro"] for r in json.load(open(f"{out}/rl-heldout.json"))["runs"]}
         summary["rl_macro"] = rl
