@@ -137,8 +137,8 @@ def configure(argv):
 
 # ----------------------------------------------------------------------------- supervised warm-up
 def sft_batch(cfg, tokenizer, step, privileged_frac):
-    """Expert episodes from one fresh world, noisy ones and clean ones under EviSD's privileged context
-    in every placement the ablations use (one warm-up per seed serves them all), and the context mask."""
+    """Expert episodes from the step's world (fresh, or one of SFT_REPEAT_WORLDS), noisy ones and clean ones
+    under EviSD's privileged context in every placement the ablations use, and the context mask."""
     rng = random.Random(f"warmup-batch/{cfg['SEED']}/{step}")
     index = step % cfg["SFT_REPEAT_WORLDS"] if step < cfg["SFT_REPEAT_STEPS"] else step   # its questions drawn afresh
     world = tw.training_world("warmup", cfg["SEED"], index, cfg["WORLD_SCALE"])

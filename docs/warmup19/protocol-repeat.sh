@@ -18,14 +18,7 @@ for s in 0 1 2 3 4 5 6 7 8 9; do
   python train.py --SEED=$s $ARGS --RL_STEPS=0 --EVAL_EVERY=0 --OUT_DIR=$OUT/warmup-s$s --SFT_DIR=$OUT/sft \
     --overwrite > $OUT/warmup-s$s.log 2>&1 || exit 1
 done
-warmups=$(ls -d $OUT/sft-* | sort)
-[ -e $OUT/warmups-validation.json ] || python evaluate.py $warmups --validation --json $OUT/warmups-validation.json \
-  > $OUT/warmups-validation.log 2>&1
-[ -e $OUT/warmups-heldout.json ] || python evaluate.py $warmups --json $OUT/warmups-heldout.json > $OUT/warmups-heldout.log 2>&1
-for d in $warmups; do
-  name=$(basename $d)
-  [ -e $OUT/credit-$name.json ] || python evaluate.py $d --credit --json $OUT/credit-$name.json > $OUT/credit-$name.log 2>&1
-done
+bash docs/warmup19/evaluate_warmups.sh $OUT || exit 1
 for s in 0 1 2 3 4; do
   [ -e $OUT/evisd-s$s/ckpt-000060 ] && continue
   start=$(date +%s.%N)
