@@ -58,7 +58,7 @@ def main(argv):
     ap.add_argument("--seeds", default="0-9")
     ap.add_argument("--shape", default=None, help="hidden,layers,heads,kv_heads,mlp of MODEL (default: model.SIZES)")
     ap.add_argument("--init", default=None, help="probe only: zero-proj = residual output projections start at 0; "
-                    "qkSTD = query and key projections drawn with std STD (HF: 0.02)")
+                    "qkSTD = query and key projections drawn with std STD (HF: 0.02); allSTD = every matrix")
     ap.add_argument("--arch", default=None, help="probe only: qwen3 = the same shape with QK-norm (Qwen3)")
     ap.add_argument("--worlds", type=int, default=2, help="validation worlds to evaluate on")
     args, overrides = ap.parse_known_args(argv)
@@ -84,12 +84,15 @@ def main(argv):
                 for layer in lm.model.layers:
                     layer.self_attn.o_proj.weight.zero_()
                     layer.mlp.down_proj.weight.zero_()
-        elif args.init and args.init.startswith("qk"):   # sharper attention from step 0, the rest as HF draws it
+        elif args.init and args.init.startswith(("qk", "all")):   # qk: sharper attention from step 0, the rest as HF draws it
             generator = torch.Generator().manual_seed(seed)
             with torch.no_grad():
-                for layer in lm.model.layers:
-                    for proj in (layer.self_attn.q_proj, layer.self_attn.k_proj):
-                        proj.weight.copy_(torch.randn(proj.weight.shape, generator=generator) * float(args.init[2:]))
+                if args.init.startswith("qk"):
+                    matrices = [p.weight for layer in lm.model.layers for p in (layer.self_attn.q_proj, layer.self_attn.k_proj)]
+                else:   # every linear layer and the (tied) embedding; norms and biases as HF sets them
+                    matrices = [p for name, p in lm.named_parameters() if p.dim() == 2]
+                for w in matrices:
+                    w.copy_(torch.randn(w.shape, generator=generator) * float(args.init.lstrip("qkal")))
         path = train.supervised_warmup(cfg, lm, tok, device, dtype, rank=0)
         state = torch.load(os.path.join(path, "state.pt"), weights_only=False)
         losses = state.get("losses", [])
