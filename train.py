@@ -49,7 +49,7 @@ WORLD_SCALE = 1.0            # multiplies the default entity counts of toy_world
 TOP_K = 3                    # documents returned per search
 MAX_TURNS = 4                # generated turns per episode
 # supervised warm-up
-SFT_STEPS = 900
+SFT_STEPS = 750
 SFT_BATCH = 16
 SFT_LR = -1.0                # -1 = auto: 3e-3 embedded, 1e-5 HF model (see AUTO)
 SFT_NOISE = 0.4              # chance that an expert demonstration makes one mistake
@@ -57,8 +57,8 @@ SFT_STOP_EARLY = 0.5         # chance a two-hop demonstration answers after one 
 SFT_PARTIAL_NAME = 0.5       # chance a demonstration searches a person by first name only: a habit too
 SFT_PRIVILEGED_FRAC = -1.0   # clean experts shown in the teacher's context; -1 = auto (0.3 tiny, 0 HF)
 SFT_CONTEXT_LOSS = -1.0      # weight of a loss on the tokens read; -1 = auto (1 tiny: the names documents repeat teach copying; 0 HF)
-SFT_REPEAT_STEPS = 0         # the first this many steps cycle through SFT_REPEAT_WORLDS worlds, later ones see a
-SFT_REPEAT_WORLDS = 10       # fresh world each: repetition makes copying emerge sooner (docs/warmup-probes.md)
+SFT_REPEAT_STEPS = -1        # the first this many steps cycle through SFT_REPEAT_WORLDS worlds, later ones see a fresh
+SFT_REPEAT_WORLDS = 10       # world each: repetition makes copying emerge sooner; -1 = auto (300 tiny, 0 HF: it copies)
 SFT_DIR = "out/sft"          # warm-up checkpoints, one per (seed, model, world, SFT settings)
 # RL
 RL_STEPS = 60
@@ -119,9 +119,9 @@ SCHEMA = runs.Schema(
             "EVISD_EPS": ((lambda v: 0 < v <= 1), "> 0 and <= 1"), "EVISD_TAU": at_least(0),
             "EVAL_EVERY": at_least(0), "EVAL_QUESTIONS": at_least(1), "EVAL_SEED": at_least(1),
             "VALIDATION_WORLDS": at_least(1), "CKPT_EVERY": at_least(0), "MAX_BAD_STEPS": at_least(1)},
-    # -1 means auto: (embedded model, HF model). A pretrained model must never get the embedded
-    # model's rates, which are tuned for 1M random weights and would wreck it.
-    auto={"SFT_LR": (3e-3, 1e-5), "LR": (2e-4, 1e-6), "SFT_PRIVILEGED_FRAC": (0.3, 0.0), "SFT_CONTEXT_LOSS": (1.0, 0.0)})
+    # -1 = auto: (embedded model, HF model). A pretrained model must never get rates tuned for 1M random weights.
+    auto={"SFT_LR": (3e-3, 1e-5), "LR": (2e-4, 1e-6), "SFT_PRIVILEGED_FRAC": (0.3, 0.0), "SFT_CONTEXT_LOSS": (1.0, 0.0),
+          "SFT_REPEAT_STEPS": (300, 0)})
 # The warm-up's weights depend on these (and on the resolved SFT_PRIVILEGED_FRAC): its cache key.
 WARMUP_KEYS = ("MODEL", "SEED", "WORLD_SCALE", "TOP_K", "MAX_TURNS", "SFT_STEPS", "SFT_BATCH", "SFT_LR", "SFT_NOISE",
                "SFT_STOP_EARLY", "SFT_PARTIAL_NAME", "SFT_CONTEXT_LOSS", "SFT_REPEAT_STEPS", "SFT_REPEAT_WORLDS")

@@ -262,8 +262,8 @@ def test_warmup_demonstrator_has_its_habits_only_when_asked():
 
 def test_warmup_repeats_worlds_for_its_first_steps_only():
     """With SFT_REPEAT_STEPS=20 and SFT_REPEAT_WORLDS=10, steps 3 and 13 show questions of one
-    world (other questions: each step draws its own), steps 23 and 33 of two fresh ones; with
-    the default (0), every step has its own world."""
+    world (other questions: each step draws its own), steps 23 and 33 of two fresh ones; with 0
+    (an HF model's auto value), every step has its own world."""
     cfg = {k: getattr(train, k) for k in train.CONFIG_KEYS}
     cfg.update(SFT_BATCH=8, WORLD_SCALE=0.3, SFT_REPEAT_WORLDS=10)
     tok = train.M.build_tokenizer(train.M.tokenizer_texts(seeds=(0,)))
@@ -280,7 +280,9 @@ def test_warmup_repeats_worlds_for_its_first_steps_only():
     assert texts(3, 20) != texts(13, 20)                      # new questions every step
     assert shown(13, 20) <= world3 and not shown(13, 0) <= world3 and not shown(23, 20) <= world3
     assert texts(3, 20) == texts(3, 20) and texts(23, 20) == texts(23, 0)   # after step 20: fresh worlds
-    assert train.DEFAULTS["SFT_REPEAT_STEPS"] == 0 and texts(3, 0) != texts(13, 0)
+    assert texts(3, 0) != texts(13, 0)
+    auto = lambda model: train.configure([f"--MODEL={model}"])[0]["SFT_REPEAT_STEPS"]
+    assert train.DEFAULTS["SFT_REPEAT_STEPS"] == -1 and auto("tiny") == 300 and auto("some/hf-model") == 0
 
 
 def test_context_mask_covers_what_the_model_reads_and_nothing_else():
