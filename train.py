@@ -57,8 +57,8 @@ SFT_STOP_EARLY = 0.5         # chance a two-hop demonstration answers after one 
 SFT_PARTIAL_NAME = 0.5       # chance a demonstration searches a person by first name only: a habit too
 SFT_PRIVILEGED_FRAC = -1.0   # clean experts shown in the teacher's context; -1 = auto (0.3 tiny, 0 HF)
 SFT_CONTEXT_LOSS = -1.0      # weight of a loss on the tokens read; -1 = auto (1 tiny: the names documents repeat teach copying; 0 HF)
-SFT_REPEAT_STEPS = -1        # the first this many steps cycle through SFT_REPEAT_WORLDS worlds, later ones see a fresh
-SFT_REPEAT_WORLDS = 10       # world each: repetition makes copying emerge sooner; -1 = auto (300 tiny, 0 HF: it copies)
+SFT_REPEAT_STEPS = -1        # the first this many steps cycle through SFT_REPEAT_WORLDS worlds; -1 = auto (300 tiny,
+SFT_REPEAT_WORLDS = 10       # 0 HF: it copies already); repetition makes copying emerge sooner, later steps see fresh worlds
 SFT_DIR = "out/sft"          # warm-up checkpoints, one per (seed, model, world, SFT settings)
 # RL
 RL_STEPS = 60

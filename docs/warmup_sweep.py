@@ -90,9 +90,10 @@ def main(argv):
                 if args.init.startswith("qk"):
                     matrices = [p.weight for layer in lm.model.layers for p in (layer.self_attn.q_proj, layer.self_attn.k_proj)]
                 else:   # every linear layer and the (tied) embedding; norms and biases as HF sets them
-                    matrices = [p for name, p in lm.named_parameters() if p.dim() == 2]
+                    matrices = [p for p in lm.parameters() if p.dim() == 2]
+                std = float(args.init.removeprefix("qk").removeprefix("all"))
                 for w in matrices:
-                    w.copy_(torch.randn(w.shape, generator=generator) * float(args.init.lstrip("qkal")))
+                    w.copy_(torch.randn(w.shape, generator=generator) * std)
         path = train.supervised_warmup(cfg, lm, tok, device, dtype, rank=0)
         state = torch.load(os.path.join(path, "state.pt"), weights_only=False)
         losses = state.get("losses", [])
