@@ -35,8 +35,9 @@ STOP_STRINGS = (se.SEARCH_END, se.ANSWER_END)   # a turn ends at the first of th
 CACHE_KWARG = ("cache" if "cache" in inspect.signature(GenerationMixin.prepare_inputs_for_generation).parameters
                else "past_key_values")
 
-# hidden, layers, heads, kv heads, mlp width. tiny ~ 1M parameters, small ~ 5M.
-SIZES = {"tiny": (128, 4, 4, 2, 384), "small": (256, 6, 8, 4, 768), "base": (512, 8, 8, 4, 1536)}
+# hidden, layers, heads, kv heads, mlp width. tiny 0.54M parameters (its MLP twice, not three times, the
+# width: it learns to copy sooner, docs/warmup-probes.md), small ~ 5M.
+SIZES = {"tiny": (128, 3, 4, 2, 256), "small": (256, 6, 8, 4, 768), "base": (512, 8, 8, 4, 1536)}
 
 
 # ----------------------------------------------------------------------------- tokenizer

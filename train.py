@@ -50,7 +50,7 @@ TOP_K = 3                    # documents returned per search
 MAX_TURNS = 4                # generated turns per episode
 # supervised warm-up
 SFT_STEPS = 750
-SFT_BATCH = 16
+SFT_BATCH = 14
 SFT_LR = -1.0                # -1 = auto: 3e-3 embedded, 1e-5 HF model (see AUTO)
 SFT_NOISE = 0.4              # chance that an expert demonstration makes one mistake
 SFT_STOP_EARLY = 0.5         # chance a two-hop demonstration answers after one hop: a habit only the reward corrects
