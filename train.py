@@ -58,7 +58,7 @@ SFT_PARTIAL_NAME = 0.5       # chance a demonstration searches a person by first
 SFT_PRIVILEGED_FRAC = -1.0   # clean experts shown in the teacher's context; -1 = auto (0.3 tiny, 0 HF)
 SFT_CONTEXT_LOSS = -1.0      # weight of a loss on the tokens read; -1 = auto (1 tiny: the names documents repeat teach copying; 0 HF)
 SFT_REPEAT_STEPS = -1        # the first this many steps cycle through SFT_REPEAT_WORLDS worlds; -1 = auto (300 tiny,
-SFT_REPEAT_WORLDS = 10       # 0 HF: it copies already); repetition makes copying emerge sooner, later steps see fresh worlds
+SFT_REPEAT_WORLDS = 5        # 0 HF: it copies already); repetition makes copying emerge sooner, later steps see fresh worlds
 SFT_DIR = "out/sft"          # warm-up checkpoints, one per (seed, model, world, SFT settings)
 # RL
 RL_STEPS = 60
@@ -118,7 +118,7 @@ SCHEMA = runs.Schema(
             "EVISD_EPS": ((lambda v: 0 < v <= 1), "> 0 and <= 1"), "EVISD_TAU": at_least(0),
             "EVAL_EVERY": at_least(0), "EVAL_QUESTIONS": at_least(1), "EVAL_SEED": at_least(1),
             "VALIDATION_WORLDS": at_least(1), "CKPT_EVERY": at_least(0), "MAX_BAD_STEPS": at_least(1)},
-    # -1 = auto: (embedded model, HF model). A pretrained model must never get rates tuned for 1M random weights.
+    # -1 = auto: (embedded model, HF model). A pretrained model must never get rates tuned for 0.5M random weights.
     auto={"SFT_LR": (3e-3, 1e-5), "LR": (2e-4, 1e-6), "SFT_PRIVILEGED_FRAC": (0.3, 0.0), "SFT_CONTEXT_LOSS": (1.0, 0.0),
           "SFT_REPEAT_STEPS": (300, 0)})
 # The warm-up's weights depend on these (and on the resolved SFT_PRIVILEGED_FRAC): its cache key.
