@@ -96,10 +96,9 @@ def read_config_file(path, defaults, schema):
 
 
 def parse_overrides(argv, defaults, schema):
-    """Config files (``config/NAME.py``) and ``--NAME=value`` overrides, applied in order (a
-    later one wins) and type-checked against the defaults; also ``--resume`` and ``--overwrite``.
-    Auto values (-1) are resolved for the model, then every limit is checked, all before any
-    work starts. Returns (config, resume, overwrite)."""
+    """Config files (``config/NAME.py``) and ``--NAME=value`` overrides, applied in order (a later one wins) and
+    type-checked against the defaults; also ``--resume`` and ``--overwrite``. Auto values (-1) are resolved for the
+    model, then every limit is checked, all before any work starts. Returns (config, resume, overwrite)."""
     config, flags = dict(defaults), set()
     for arg in argv:
         if arg in ("--resume", "--overwrite"):
@@ -259,8 +258,7 @@ def restore(resumed, lm, opt, rank):
 def load_checkpoint(out_dir):
     """(path, model, tokenizer, training state) of the newest readable checkpoint, or None.
 
-    One whose weights, tokenizer or state.pt are missing or damaged is reported by name, and
-    the one before it is tried (train.py keeps two)."""
+    One whose weights, tokenizer or state.pt are missing or damaged is named, and the one before it tried (we keep two)."""
     for path in reversed(checkpoints(out_dir)):
         try:
             lm, tok = M.load_model(path, local_files_only=True)
@@ -269,8 +267,7 @@ def load_checkpoint(out_dir):
             if missing:
                 raise KeyError(f"state.pt has no {', '.join(missing)}")
             return path, lm, tok, state
-        # A damaged file fails in many ways (OSError, a zip, pickle or safetensors error, ...):
-        # any of them means this checkpoint cannot be used.
+        # A damaged file fails in many ways (OSError, a zip, pickle or safetensors error, ...): any means it is unusable.
         except Exception as e:
             why = (str(e).strip().splitlines() or [""])[0]
             print(f"warning: checkpoint {path} is unreadable ({type(e).__name__}: {why}); "
@@ -308,17 +305,20 @@ def stop_on_sigterm(signum, frame):
 
 
 def open_run(cfg, resume, overwrite, run_keys, rank):
-    """Make OUT_DIR ready: stop before a fresh run writes over another, or, with --resume, read
-    its newest checkpoint and stop if it is another run. Returns what load_checkpoint returned
-    (None for a fresh run, or a resume with no readable checkpoint)."""
+    """Make OUT_DIR ready: stop before a fresh run writes over another, or, with --resume, read its newest checkpoint
+    and stop if it is another run. Returns what load_checkpoint returned (None: a fresh run, or none readable)."""
     out = cfg["OUT_DIR"]
     check_out_dir(out, resume, overwrite, rank)
     resumed = load_checkpoint(out) if resume else None
     if resumed:
         check_resume_config(resumed[3]["config"], cfg, resumed[0], run_keys, rank)
+        c, want = resumed[1].config, M.SIZES.get(cfg["MODEL"])   # model.SIZES may change with the code
+        if want and want != (c.hidden_size, c.num_hidden_layers, c.num_attention_heads, c.num_key_value_heads,
+                             c.intermediate_size):
+            raise SystemExit(f"--resume: {resumed[0]} holds a {cfg['MODEL']} model of another shape than today's "
+                             f"model.SIZES {want}: start a new run in another OUT_DIR, or resume with the code that wrote it.")
     elif resume and rank == 0:
-        print(f"--resume: no readable checkpoint in {out}; starting from the warm-up, "
-              "after the rows already in its metrics.jsonl")
+        print(f"--resume: no readable checkpoint in {out}; starting from the warm-up, after the rows in its metrics.jsonl")
     os.makedirs(out, exist_ok=True)
     return resumed
 

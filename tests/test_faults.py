@@ -143,6 +143,16 @@ def test_resume_with_other_settings_names_them(run_copy, capsys):
     assert "with changed settings: EVAL_EVERY=5 (checkpoint: 0)" in capsys.readouterr().out
 
 
+def test_resume_under_another_embedded_shape_stops_before_any_work(run_copy, monkeypatch):
+    """A run saved before `tiny` was reshaped cannot go on: it stops at once, not after a warm-up."""
+    out, args = run_copy
+    old = train.M.SIZES["tiny"]
+    monkeypatch.setitem(train.M.SIZES, "tiny", (old[0], old[1] + 1) + tuple(old[2:]))
+    monkeypatch.setattr(train, "supervised_warmup", lambda *a: pytest.fail("the warm-up ran"))
+    with pytest.raises(SystemExit, match="another shape than today's model.SIZES"):
+        train.main(args + ["--resume"])
+
+
 def test_sigterm_saves_and_exits_like_ctrl_c(finished, tmp_path):
     out = tmp_path / "run"
     log = open(tmp_path / "output.txt", "w")
