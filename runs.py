@@ -258,7 +258,7 @@ def restore(resumed, lm, opt, rank):
 def load_checkpoint(out_dir):
     """(path, model, tokenizer, training state) of the newest readable checkpoint, or None.
 
-    One whose weights, tokenizer or state.pt are missing or damaged is named, and the one before it tried (we keep two)."""
+    One whose weights, tokenizer or state.pt are missing or damaged is named and the one before it is tried (two are kept)."""
     for path in reversed(checkpoints(out_dir)):
         try:
             lm, tok = M.load_model(path, local_files_only=True)

@@ -74,7 +74,7 @@ def main(argv):
         M.Qwen2ForCausalLM = Qwen3ForCausalLM
     for seed in seeds_from(args.seeds):
         cfg, _, _ = train.configure([f"--SEED={seed}", f"--SFT_DIR={root}/{args.name}/sft", "--DEVICE=cpu"] + overrides)
-        if args.shape:                          # the cache key has MODEL's name: one recipe name per shape
+        if args.shape:                          # the warm-up's cache key holds the shape too
             M.SIZES[cfg["MODEL"]] = tuple(int(x) for x in args.shape.split(","))
         device, dtype = runs.pick_device(cfg)
         started = time.perf_counter()
