@@ -38,6 +38,10 @@ CACHE_KWARG = ("cache" if "cache" in inspect.signature(GenerationMixin.prepare_i
 # hidden, layers, heads, kv heads, mlp width. tiny 0.54M parameters (its MLP twice, not three times, the
 # width: it learns to copy sooner, docs/warmup-probes.md), small ~ 5M.
 SIZES = {"tiny": (128, 3, 4, 2, 256), "small": (256, 6, 8, 4, 768), "base": (512, 8, 8, 4, 1536)}
+# A random model lacks the induction head every pretrained one has: the circuit that copies a name read
+# earlier, which a warm-up otherwise waits for on a plateau as long as its seed's luck. So layer 0's first head
+# starts as its first half, a previous-token head, this sharp (docs/warmup-probes.md); 0 = HF's init alone.
+PREV_TOKEN_INIT = 6.0
 
 
 # ----------------------------------------------------------------------------- tokenizer
@@ -94,7 +98,24 @@ def build_model(tokenizer, size="tiny", seed=0):
         pad_token_id=tokenizer.pad_token_id, bos_token_id=tokenizer.bos_token_id,
         eos_token_id=tokenizer.eos_token_id)
     torch.manual_seed(seed)
-    return Qwen2ForCausalLM(config)
+    model = Qwen2ForCausalLM(config)
+    if PREV_TOKEN_INIT:
+        prev_token_head(model, PREV_TOKEN_INIT)
+    return model
+
+
+def prev_token_head(model, scale, frequencies=4):
+    """Make layer 0's first head attend to the previous token, whatever the tokens, through its query
+    and key biases (which start at 0). RoPE turns each pair (j, j + d/2) of a head as one complex
+    number by position * theta_j; a key (scale, 0) and a query scale * e^(-i theta_j) on the
+    ``frequencies`` fastest pairs give key position n, for query position m, the score
+    scale^2 * sum_j cos((m - n - 1) theta_j): highest at n = m - 1."""
+    attn = model.model.layers[0].self_attn
+    d, theta = attn.head_dim, model.model.rotary_emb.inv_freq[:frequencies]
+    with torch.no_grad():
+        attn.k_proj.bias[:frequencies] = scale
+        attn.q_proj.bias[:frequencies] = scale * torch.cos(theta)
+        attn.q_proj.bias[d // 2:d // 2 + frequencies] = -scale * torch.sin(theta)
 
 
 def load_model(name_or_path, dtype=None, local_files_only=None):

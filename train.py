@@ -172,8 +172,9 @@ def supervised_warmup(cfg, lm, tokenizer, device, dtype, rank):
     if cfg["SFT_STEPS"] == 0 and cfg["MODEL"] not in M.SIZES:
         return cfg["MODEL"]   # no warm-up: no copy of a pretrained model's weights on disk
     frac = cfg["SFT_PRIVILEGED_FRAC"]
-    # Keyed by the embedded model's shape too; "named worlds": one cached before worlds had names is not reused.
-    tag = hashlib.sha1(json.dumps([cfg[k] for k in WARMUP_KEYS] + [frac, "named worlds", M.SIZES.get(cfg["MODEL"])]
+    # Keyed by the embedded model's shape and init too; "named worlds": one cached before worlds had names is not reused.
+    init = [M.PREV_TOKEN_INIT] if M.PREV_TOKEN_INIT and cfg["MODEL"] in M.SIZES else []
+    tag = hashlib.sha1(json.dumps([cfg[k] for k in WARMUP_KEYS] + [frac, "named worlds", M.SIZES.get(cfg["MODEL"])] + init
                                   ).encode()).hexdigest()[:10]
     path = f"{cfg['SFT_DIR']}-{tag}"
     # Rank 0 alone decides whether to train: if each rank checked the disk itself, a slow rank
