@@ -59,7 +59,7 @@ def main(argv):
     ap.add_argument("--shape", default=None, help="hidden,layers,heads,kv_heads,mlp of MODEL (default: model.SIZES)")
     ap.add_argument("--init", default=None, help="probe only: zero-proj = residual output projections start at 0; "
                     "qkSTD = query and key projections drawn with std STD (HF: 0.02); allSTD = every matrix; "
-                    "prevtokSCALE = model.PREV_TOKEN_INIT (0: HF's init alone)")
+                    "(the previous-token head: train.py's --PREV_TOKEN_INIT)")
     ap.add_argument("--arch", default=None, help="probe only: qwen3 = the same shape with QK-norm (Qwen3)")
     ap.add_argument("--worlds", type=int, default=2, help="validation worlds to evaluate on")
     args, overrides = ap.parse_known_args(argv)
@@ -77,8 +77,6 @@ def main(argv):
         cfg, _, _ = train.configure([f"--SEED={seed}", f"--SFT_DIR={root}/{args.name}/sft", "--DEVICE=cpu"] + overrides)
         if args.shape:                          # the warm-up's cache key holds the shape too
             M.SIZES[cfg["MODEL"]] = tuple(int(x) for x in args.shape.split(","))
-        if args.init and args.init.startswith("prevtok"):   # and the previous-token head's strength
-            M.PREV_TOKEN_INIT = float(args.init.removeprefix("prevtok"))
         device, dtype = runs.pick_device(cfg)
         started = time.perf_counter()
         lm, tok = train.build_model(cfg, device)
