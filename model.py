@@ -3,8 +3,9 @@
 * ``build_tokenizer(texts)`` trains a small byte-level BPE on the toy world's text, so common
   words are whole tokens, names split into syllable-sized pieces, nothing is ever ``<unk>``,
   and every protocol tag is one token.
-* ``build_model(tokenizer, size)`` makes a random Qwen2 causal LM; ``load_model`` loads an HF
-  directory or hub name, never adding tokens: a pretrained tokenizer's tags stay plain text.
+* ``build_model(tokenizer, size)`` makes a random Qwen2 causal LM, its first head optionally a
+  previous-token head (``prev_token_head``); ``load_model`` loads an HF directory or hub name,
+  never adding tokens: a pretrained tokenizer's tags stay plain text.
 * ``rollout`` plays ``len(questions) * group_size`` search episodes as one batch per turn with
   HF ``generate`` (KV cache), stopping each sequence at the strings ``</search>``/``</answer>``
   or eos. Turns are cut and action spans found from character offsets in the decoded text,
@@ -82,19 +83,36 @@ def token_at(tokenizer, ids, char):
 
 
 # ----------------------------------------------------------------------------- models
-def build_model(tokenizer, size="tiny", seed=0):
-    """A randomly initialised Qwen2 causal LM sized by ``SIZES[size]``."""
+def build_model(tokenizer, size="tiny", seed=0, prev_token_init=0.0):
+    """A randomly initialised Qwen2 causal LM sized by ``SIZES[size]``; with ``prev_token_init`` > 0
+    its first head starts as a previous-token head that sharp (``prev_token_head``)."""
     if size not in SIZES:
         raise ValueError(f"unknown model size {size!r}; allowed: {sorted(SIZES)}")
     hidden, layers, heads, kv_heads, mlp = SIZES[size]
     config = Qwen2Config(
-        vocab_size=len(tokenizer), hidden_size=hidden, intermediate_size=mlp,
-        num_hidden_layers=layers, num_attention_heads=heads, num_key_value_heads=kv_heads,
-        max_position_embeddings=2048, tie_word_embeddings=True,
-        pad_token_id=tokenizer.pad_token_id, bos_token_id=tokenizer.bos_token_id,
+        vocab_size=len(tokenizer), hidden_size=hidden, intermediate_size=mlp, num_hidden_layers=layers,
+        num_attention_heads=heads, num_key_value_heads=kv_heads, max_position_embeddings=2048,
+        tie_word_embeddings=True, pad_token_id=tokenizer.pad_token_id, bos_token_id=tokenizer.bos_token_id,
         eos_token_id=tokenizer.eos_token_id)
     torch.manual_seed(seed)
-    return Qwen2ForCausalLM(config)
+    model = Qwen2ForCausalLM(config)
+    if prev_token_init:
+        prev_token_head(model, prev_token_init)
+    return model
+
+
+def prev_token_head(model, scale, frequencies=4):
+    """Layer 0's first head attends to the previous token, whatever the tokens: half an induction head,
+    which copies a name read earlier. A random model grows both halves suddenly, after a plateau as long
+    as its seed's luck (docs/warmup-probes.md). RoPE turns pair (j, j + d/2) by position * theta_j, so key
+    bias (scale, 0) and query bias scale * e^(-i theta_j) on the fastest pairs score key n for query m by
+    scale^2 * sum_j cos((m - n - 1) theta_j), highest at n = m - 1. All else starts as HF draws it."""
+    attn = model.model.layers[0].self_attn
+    d, theta = attn.head_dim, model.model.rotary_emb.inv_freq[:frequencies]
+    with torch.no_grad():   # the biases start at 0
+        attn.k_proj.bias[:frequencies] = scale
+        attn.q_proj.bias[:frequencies] = scale * torch.cos(theta)
+        attn.q_proj.bias[d // 2:d // 2 + frequencies] = -scale * torch.sin(theta)
 
 
 def load_model(name_or_path, dtype=None, local_files_only=None):

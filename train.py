@@ -43,6 +43,7 @@ from runs import above, at_least, fraction
 MODEL = "tiny"               # "tiny" | "small" | "base" (embedded, built offline) or an HF name/path
 METHOD = "evisd"             # "evisd" | "grpo"
 SEED = 0
+PREV_TOKEN_INIT = 6.0        # embedded model: its first head starts as a previous-token head this sharp (0: off)
 # world
 FRESH_WORLDS = True          # a new world every step, so facts cannot be memorised
 WORLD_SCALE = 1.0            # multiplies the default entity counts of toy_world.make_world
@@ -108,7 +109,7 @@ SCHEMA = runs.Schema(
              "DATA": rd.FORMATS, "EVIDENCE": rd.EVIDENCE_RULES}, checks=(rd.check_config,),
     # Every number's range, checked before any work starts (EVISD_EPS <= 1: beyond, 1 - eps < 0 clips nothing).
     limits={"SEED": ((lambda v: 0 <= v < 2**63), ">= 0 and < 2^63"),   # what torch.manual_seed takes
-            "WORLD_SCALE": above(0), "TOP_K": at_least(1), "MAX_TURNS": at_least(1),
+            "PREV_TOKEN_INIT": at_least(0), "WORLD_SCALE": above(0), "TOP_K": at_least(1), "MAX_TURNS": at_least(1),
             "SFT_STEPS": at_least(0), "SFT_BATCH": at_least(1), "SFT_LR": above(0), "SFT_NOISE": fraction(),
             "SFT_STOP_EARLY": fraction(), "SFT_PARTIAL_NAME": fraction(), "SFT_PRIVILEGED_FRAC": fraction(),
             "SFT_CONTEXT_LOSS": at_least(0), "SFT_REPEAT_STEPS": at_least(0), "SFT_REPEAT_WORLDS": at_least(1),
@@ -122,7 +123,7 @@ SCHEMA = runs.Schema(
     auto={"SFT_LR": (3e-3, 1e-5), "LR": (2e-4, 1e-6), "SFT_PRIVILEGED_FRAC": (0.3, 0.0), "SFT_CONTEXT_LOSS": (1.0, 0.0),
           "SFT_REPEAT_STEPS": (300, 0)})
 # The warm-up's weights depend on these (and on the resolved SFT_PRIVILEGED_FRAC): its cache key.
-WARMUP_KEYS = ("MODEL", "SEED", "WORLD_SCALE", "TOP_K", "MAX_TURNS", "SFT_STEPS", "SFT_BATCH", "SFT_LR", "SFT_NOISE",
+WARMUP_KEYS = ("MODEL", "SEED", "PREV_TOKEN_INIT", "WORLD_SCALE", "TOP_K", "MAX_TURNS", "SFT_STEPS", "SFT_BATCH", "SFT_LR", "SFT_NOISE",
                "SFT_STOP_EARLY", "SFT_PARTIAL_NAME", "SFT_CONTEXT_LOSS", "SFT_REPEAT_STEPS", "SFT_REPEAT_WORLDS")
 # A checkpoint resumed under other values of these would be another experiment spliced onto this
 # one, so --resume refuses; any other setting (RL_STEPS, EVAL_EVERY, DEVICE, ...) may change.
@@ -304,7 +305,7 @@ def build_model(cfg, device):
     runs.seed_everything(cfg["SEED"])
     if cfg["MODEL"] in M.SIZES:
         tokenizer = M.build_tokenizer(M.tokenizer_texts())
-        lm = M.build_model(tokenizer, cfg["MODEL"], seed=cfg["SEED"])
+        lm = M.build_model(tokenizer, cfg["MODEL"], seed=cfg["SEED"], prev_token_init=cfg["PREV_TOKEN_INIT"])
     else:
         # float32 weights, whatever the checkpoint's dtype: autocast computes in DTYPE, and an
         # LR of 1e-6 moves a weight far less than bf16 can represent (8 mantissa bits: 0.4%).

@@ -51,21 +51,6 @@ def table(rows):
     return "\n".join(lines)
 
 
-def prev_token_head(lm, scale, frequencies=4):
-    """Probe only: layer 0's first head starts as a previous-token head, half of an induction circuit.
-    Its query and key biases (Qwen2 has them) are set so that after RoPE the score of key position n
-    for query position m is scale^2 * sum_j cos((m - n - 1) theta_j) over the `frequencies` fastest
-    rotary frequencies theta_j: largest at n = m - 1, whatever the tokens."""
-    attn = lm.model.layers[0].self_attn
-    d, theta = attn.head_dim, lm.model.rotary_emb.inv_freq[:frequencies]
-    with torch.no_grad():   # RoPE turns the pair (j, j + d/2) as one complex number by position * theta_j
-        attn.k_proj.bias[:d].zero_()
-        attn.k_proj.bias[:frequencies] = scale                               # key: (scale, 0), turned by n theta
-        attn.q_proj.bias[:d].zero_()
-        attn.q_proj.bias[:frequencies] = scale * torch.cos(theta)            # query: scale * e^{-i theta},
-        attn.q_proj.bias[d // 2:d // 2 + frequencies] = -scale * torch.sin(theta)   # turned by m theta
-
-
 def main(argv):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("name", nargs="?", help="the recipe's name: its warm-ups go to out/sweep/NAME/")
@@ -74,7 +59,7 @@ def main(argv):
     ap.add_argument("--shape", default=None, help="hidden,layers,heads,kv_heads,mlp of MODEL (default: model.SIZES)")
     ap.add_argument("--init", default=None, help="probe only: zero-proj = residual output projections start at 0; "
                     "qkSTD = query and key projections drawn with std STD (HF: 0.02); allSTD = every matrix; "
-                    "prevtokSCALE = layer 0's first head starts as a previous-token head")
+                    "(the previous-token head: train.py's --PREV_TOKEN_INIT)")
     ap.add_argument("--arch", default=None, help="probe only: qwen3 = the same shape with QK-norm (Qwen3)")
     ap.add_argument("--worlds", type=int, default=2, help="validation worlds to evaluate on")
     args, overrides = ap.parse_known_args(argv)
@@ -100,8 +85,6 @@ def main(argv):
                 for layer in lm.model.layers:
                     layer.self_attn.o_proj.weight.zero_()
                     layer.mlp.down_proj.weight.zero_()
-        elif args.init and args.init.startswith("prevtok"):
-            prev_token_head(lm, float(args.init.removeprefix("prevtok") or 6.0))
         elif args.init and args.init.startswith(("qk", "all")):   # qk: sharper attention from step 0, the rest as HF draws it
             generator = torch.Generator().manual_seed(seed)
             with torch.no_grad():

@@ -266,6 +266,21 @@ def test_an_unreachable_hub_fails_at_once(monkeypatch, tmp_path):
     assert time.monotonic() - started < 10
 
 
+def test_the_embedded_model_starts_with_a_previous_token_head(tok):
+    """Layer 0's first head attends to the previous token from init, whatever the tokens (half an
+    induction head); its other heads, and a model built without it, spread attention."""
+    ids = torch.tensor([tok.encode("question: who founded rosloia harbor? <search> rosloia harbor </search>")])
+
+    def previous_token_share(lm):   # per head of layer 0: mean attention on the token just before
+        lm.config._attn_implementation = "eager"          # sdpa returns no attention weights
+        attention = lm(ids, output_attentions=True).attentions[0][0]        # [heads, T, T]
+        return [attention[h].diagonal(-1).mean().item() for h in range(attention.shape[0])]
+
+    shares = previous_token_share(M.build_model(tok, "tiny", prev_token_init=6.0))
+    assert shares[0] > 0.9 and max(shares[1:]) < 0.3, shares
+    assert max(previous_token_share(M.build_model(tok, "tiny"))) < 0.3
+
+
 def test_build_model_rejects_unknown_size(tok):
     with pytest.raises(ValueError, match="allowed"):
         M.build_model(tok, "huge")

@@ -220,16 +220,18 @@ def test_a_warmup_is_reproducible_for_its_seed(tmp_path):
     assert loss_c != loss_a and not torch.equal(w_a, w_c)
 
 
-def test_a_cached_warmup_is_keyed_by_the_embedded_models_shape(tmp_path, monkeypatch):
-    """Reshaping `tiny` (as session 7 did) must train a new warm-up, not load one of another shape."""
-    cfg, _, _ = train.configure(TINY + [f"--SFT_DIR={tmp_path}/sft", "--SFT_STEPS=1", "--DEVICE=cpu"])
+def test_a_cached_warmup_is_keyed_by_the_embedded_models_shape_and_init(tmp_path, monkeypatch):
+    """Reshaping `tiny` (as session 7 did), or changing its init (session 8), must train a new warm-up,
+    not load one of another shape or one that began from other weights."""
     paths = []
-    for shape in ((64, 2, 4, 2, 128), (64, 1, 4, 2, 128)):
+    for shape, init in (((64, 2, 4, 2, 128), 6.0), ((64, 1, 4, 2, 128), 6.0), ((64, 1, 4, 2, 128), 0.0)):
+        cfg, _, _ = train.configure(TINY + [f"--SFT_DIR={tmp_path}/sft", "--SFT_STEPS=1", "--DEVICE=cpu",
+                                            f"--PREV_TOKEN_INIT={init}"])
         monkeypatch.setitem(train.M.SIZES, "tiny", shape)
         lm, tok = train.build_model(cfg, torch.device("cpu"))
         paths.append(train.supervised_warmup(cfg, lm, tok, torch.device("cpu"), torch.float32, rank=0))
         assert json.load(open(os.path.join(paths[-1], "config.json")))["num_hidden_layers"] == shape[1]
-    assert paths[0] != paths[1]
+    assert len(set(paths)) == 3
 
 
 @pytest.mark.parametrize("seed", [0, 13, 19_900_101, 2**63 - 1])
