@@ -51,6 +51,17 @@ def table(rows):
     return "\n".join(lines)
 
 
+def offset_head(model, scale, offset, frequencies=4):
+    """model.prev_token_head with the score's peak moved from 1 token back to ``offset`` tokens back
+    (0: the token itself): the same biases' size, a head that cannot be half an induction head."""
+    attn = model.model.layers[0].self_attn
+    d, theta = attn.head_dim, model.model.rotary_emb.inv_freq[:frequencies]
+    with torch.no_grad():
+        attn.k_proj.bias[:frequencies] = scale
+        attn.q_proj.bias[:frequencies] = scale * torch.cos(offset * theta)
+        attn.q_proj.bias[d // 2:d // 2 + frequencies] = -scale * torch.sin(offset * theta)
+
+
 def main(argv):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("name", nargs="?", help="the recipe's name: its warm-ups go to out/sweep/NAME/")
@@ -59,7 +70,7 @@ def main(argv):
     ap.add_argument("--shape", default=None, help="hidden,layers,heads,kv_heads,mlp of MODEL (default: model.SIZES)")
     ap.add_argument("--init", default=None, help="probe only: zero-proj = residual output projections start at 0; "
                     "qkSTD = query and key projections drawn with std STD (HF: 0.02); allSTD = every matrix; "
-                    "(the previous-token head: train.py's --PREV_TOKEN_INIT)")
+                    "offsetK = the previous-token head moved to K tokens back (a control; train.py's --PREV_TOKEN_INIT sets its strength)")
     ap.add_argument("--arch", default=None, help="probe only: qwen3 = the same shape with QK-norm (Qwen3)")
     ap.add_argument("--worlds", type=int, default=2, help="validation worlds to evaluate on")
     args, overrides = ap.parse_known_args(argv)
@@ -77,6 +88,8 @@ def main(argv):
         cfg, _, _ = train.configure([f"--SEED={seed}", f"--SFT_DIR={root}/{args.name}/sft", "--DEVICE=cpu"] + overrides)
         if args.shape:                          # the warm-up's cache key holds the shape too
             M.SIZES[cfg["MODEL"]] = tuple(int(x) for x in args.shape.split(","))
+        if args.init and args.init.startswith("offset"):   # a control: the head attends K tokens back, not 1
+            M.prev_token_head = lambda model, scale, k=int(args.init.removeprefix("offset")): offset_head(model, scale, k)
         device, dtype = runs.pick_device(cfg)
         started = time.perf_counter()
         lm, tok = train.build_model(cfg, device)
