@@ -103,8 +103,8 @@ def build_model(tokenizer, size="tiny", seed=0, prev_token_init=0.0):
 
 def prev_token_head(model, scale, frequencies=4):
     """Layer 0's first head attends to the previous token, whatever the tokens: half an induction head,
-    which copies a name read earlier. A random model grows both halves suddenly, after a plateau as long
-    as its seed's luck (docs/warmup-probes.md). RoPE turns pair (j, j + d/2) by position * theta_j, so key
+    which copies a name read earlier; a random model grows one suddenly, after a plateau as long as its
+    seed's luck (docs/warmup-probes.md; a head two tokens back helps as much). RoPE turns pair (j, j + d/2) by position * theta_j, so key
     bias (scale, 0) and query bias scale * e^(-i theta_j) on the fastest pairs score key n for query m by
     scale^2 * sum_j cos((m - n - 1) theta_j), highest at n = m - 1. All else starts as HF draws it."""
     attn = model.model.layers[0].self_attn
