@@ -12,6 +12,7 @@ One JSON row per (recipe, seed) is appended to out/sweep/results.jsonl as each s
 interrupted sweep keeps what it finished; a finished warm-up is never trained twice.
 """
 import argparse
+import functools
 import json
 import os
 import sys
@@ -26,6 +27,8 @@ import evaluate  # noqa: E402
 import model as M  # noqa: E402
 import runs  # noqa: E402
 import train  # noqa: E402
+
+PREV_TOKEN_HEAD = M.prev_token_head   # before --init offsetK replaces it for one probe
 
 
 def seeds_from(text):
@@ -51,17 +54,6 @@ def table(rows):
     return "\n".join(lines)
 
 
-def offset_head(model, scale, offset, frequencies=4):
-    """model.prev_token_head with the score's peak moved from 1 token back to ``offset`` tokens back
-    (0: the token itself): the same biases' size, a head that cannot be half an induction head."""
-    attn = model.model.layers[0].self_attn
-    d, theta = attn.head_dim, model.model.rotary_emb.inv_freq[:frequencies]
-    with torch.no_grad():
-        attn.k_proj.bias[:frequencies] = scale
-        attn.q_proj.bias[:frequencies] = scale * torch.cos(offset * theta)
-        attn.q_proj.bias[d // 2:d // 2 + frequencies] = -scale * torch.sin(offset * theta)
-
-
 def main(argv):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("name", nargs="?", help="the recipe's name: its warm-ups go to out/sweep/NAME/")
@@ -70,7 +62,8 @@ def main(argv):
     ap.add_argument("--shape", default=None, help="hidden,layers,heads,kv_heads,mlp of MODEL (default: model.SIZES)")
     ap.add_argument("--init", default=None, help="probe only: zero-proj = residual output projections start at 0; "
                     "qkSTD = query and key projections drawn with std STD (HF: 0.02); allSTD = every matrix; "
-                    "offsetK = the previous-token head moved to K tokens back (a control; train.py's --PREV_TOKEN_INIT sets its strength)")
+                    "offsetK = the previous-token head moved to K tokens back (a control; its strength: "
+                    "train.py's --PREV_TOKEN_INIT)")
     ap.add_argument("--arch", default=None, help="probe only: qwen3 = the same shape with QK-norm (Qwen3)")
     ap.add_argument("--worlds", type=int, default=2, help="validation worlds to evaluate on")
     args, overrides = ap.parse_known_args(argv)
@@ -89,7 +82,7 @@ def main(argv):
         if args.shape:                          # the warm-up's cache key holds the shape too
             M.SIZES[cfg["MODEL"]] = tuple(int(x) for x in args.shape.split(","))
         if args.init and args.init.startswith("offset"):   # a control: the head attends K tokens back, not 1
-            M.prev_token_head = lambda model, scale, k=int(args.init.removeprefix("offset")): offset_head(model, scale, k)
+            M.prev_token_head = functools.partial(PREV_TOKEN_HEAD, back=int(args.init.removeprefix("offset")))
         device, dtype = runs.pick_device(cfg)
         started = time.perf_counter()
         lm, tok = train.build_model(cfg, device)
