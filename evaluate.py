@@ -1,5 +1,5 @@
 """Held-out evaluation: greedy EM per number of hops over several held-out worlds, paired
-comparisons between methods, the teacher's credit report card, learning curves and examples.
+comparisons (EM and learning speed, curves.py), the teacher's report card, curves and examples.
 
     python evaluate.py out/evisd-s0 out/grpo-s0 ...   # EM per hop with 95% intervals; paired table
     python evaluate.py out/evisd-s0 --credit          # the teacher's report card (credit.py)
@@ -28,6 +28,7 @@ import torch
 from tqdm import tqdm
 
 import credit
+import curves
 import model as M
 import real_data as rd
 import runs
@@ -194,7 +195,8 @@ def run_summary(run_dir, worlds, warmup_em=None, validation=False):
     if sft_path and os.path.isdir(sft_path) and sft_path not in warmup_em:
         warmup = M.load_model(sft_path, local_files_only=True)[0].eval()
         warmup_em[sft_path] = cached_em(sft_path, warmup, tok, cfg, worlds, validation).get("macro")
-    steps = [m for m in runs.read_metrics(run_dir) if not m.get("eval")]
+    metrics = runs.read_metrics(run_dir)
+    steps = [m for m in metrics if not m.get("eval")]
     last = steps[-max(1, len(steps) // 5):] if steps else []   # the last fifth of training
 
     def mean(key):
@@ -205,7 +207,8 @@ def run_summary(run_dir, worlds, warmup_em=None, validation=False):
             "modulated_frac": mean(["modulated_frac"]),
             "gap_pos": mean(["search_gap_pos", "answer_gap_pos"]),   # mean action-token gap, A > 0
             "gap_neg": mean(["search_gap_neg", "answer_gap_neg"]),   # and A < 0
-            "wall_min": sum(m["step_s"] for m in steps) / 60 if steps else None}
+            "wall_min": sum(m["step_s"] for m in steps) / 60 if steps else None,
+            **curves.speed(metrics, cfg["RL_STEPS"])}   # how fast each habit goes (curves.py)
 
 
 # ----------------------------------------------------------------------------- tables
@@ -246,11 +249,15 @@ def results_table(rows):
     return "\n".join(lines)
 
 
+PAIRED_KEYS = ("macro", "hop1", "hop2") + curves.SPEED_KEYS
+
+
 def paired_differences(rows, baseline=None):
     """Every group against the baseline group (the GRPO runs, unless named), seed by seed.
 
-    Returns {group: {"seeds": [...], "diff": {seed: {macro, hop1, hop2}}, "macro": (mean, lo, hi)}}
-    where the interval is the 95% t-interval of the mean paired macro difference over seeds.
+    Returns {group: {"seeds": [...], "diff": {seed: {key: difference}}, "intervals": {key: (mean,
+    low, high)}, "macro": (mean, low, high)}} for every key of PAIRED_KEYS (EM and learning speed),
+    each interval the 95% t-interval of the mean paired difference over the seeds that have it.
     """
     groups = {}
     for r in rows:
@@ -267,25 +274,47 @@ def paired_differences(rows, baseline=None):
         seeds = sorted(set(by_seed) & set(groups[baseline]))
         if name == baseline or not seeds:
             continue
-        diff = {s: {k: None if None in (by_seed[s][k], groups[baseline][s][k]) else by_seed[s][k] - groups[baseline][s][k]
-                    for k in ("macro", "hop1", "hop2")} for s in seeds}   # real data may lack a hop
-        out[name] = {"baseline": baseline, "seeds": seeds, "diff": diff,
-                     "macro": t_interval([diff[s]["macro"] for s in seeds])}
+        diff = {s: {k: None if None in (by_seed[s].get(k), groups[baseline][s].get(k))   # real data lacks
+                    else by_seed[s][k] - groups[baseline][s][k] for k in PAIRED_KEYS} for s in seeds}   # a hop, habits
+        intervals = {k: t_interval(vals) for k in PAIRED_KEYS
+                     if (vals := [diff[s][k] for s in seeds if diff[s][k] is not None])}
+        out[name] = {"baseline": baseline, "seeds": seeds, "diff": diff, "intervals": intervals,
+                     "macro": intervals.get("macro", (None, None, None))}
     return out
 
 
+def _interval(m, lo, hi):
+    return f"{m:+.3f} [{lo:+.3f}, {hi:+.3f}]" if lo is not None else f"{m:+.3f} (one seed)"
+
+
 def paired_table(paired):
+    """Per seed, each measure's difference from the baseline; then each mean with its interval."""
     lines = []
     for name, p in paired.items():
+        keys = [k for k in PAIRED_KEYS if k in p["intervals"]]
         lines += [f"{name} − {p['baseline']}, paired by seed:", "",
-                  "| seed | macro diff | 1-hop diff | 2-hop diff |", "|---|---|---|---|"]
+                  "| seed | " + " | ".join(keys) + " |", "|---" * (len(keys) + 1) + "|"]
         for s in p["seeds"]:
-            d = p["diff"][s]
-            lines.append(f"| {s} | " + " | ".join(_num(d[k], "+.3f") for k in ("macro", "hop1", "hop2")) + " |")
-        m, lo, hi = p["macro"]
-        interval = f"[{lo:+.3f}, {hi:+.3f}]" if lo is not None else "(one seed: no interval)"
-        lines += ["", f"mean paired macro difference {m:+.3f}, 95% t-interval {interval} over "
-                      f"{len(p['seeds'])} seeds (t with {len(p['seeds']) - 1} df)", ""]
+            lines.append(f"| {s} | " + " | ".join(_num(p["diff"][s][k], "+.3f") for k in keys) + " |")
+        lines += (["", f"mean paired difference and 95% t-interval over {len(p['seeds'])} seeds (t with "
+                       f"{len(p['seeds']) - 1} df):", ""] + [f"- {k}: {_interval(*p['intervals'][k])}" for k in keys] + [""])
+    return "\n".join(lines)
+
+
+def summary_table(rows, paired):
+    """Measures down, groups across: the baseline's mean, and each group's paired difference
+    from it with its 95% interval (the README's v3 table)."""
+    if not paired:
+        return ""
+    baseline = next(iter(paired.values()))["baseline"]
+    base = [r for r in rows if r["group"] == baseline]
+    lines = [f"| measure | {baseline} (mean of {len(base)}) | " +
+             " | ".join(f"{g} − {baseline} [95%] (n={len(p['seeds'])})" for g, p in paired.items()) + " |",
+             "|---" * (len(paired) + 2) + "|"]
+    for k in [k for k in PAIRED_KEYS if any(k in p["intervals"] for p in paired.values())]:
+        vals = [r[k] for r in base if r.get(k) is not None]
+        cells = [_interval(*p["intervals"][k]) if k in p["intervals"] else "–" for p in paired.values()]
+        lines.append(f"| {k} | {_num(sum(vals) / len(vals) if vals else None)} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 
@@ -307,35 +336,6 @@ def credit_sets(cfg, n_questions, validation=False):
         n_questions -= len(qs)
         k += 1
     return sets
-
-
-# ----------------------------------------------------------------------------- plots and examples
-def plot_curves(run_dirs, path):
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    panels = [("reward", "sampled train reward"), ("eval_macro", "held-out EM (quick check)"),
-              ("label_answer_premature", "premature answers (share of answers)"),
-              ("label_search_partial", "partial-name queries (share of searches)"),
-              ("kl", "KL to warm-up"), ("modulated_frac", "modulated token fraction")]
-    fig, axes = plt.subplots(2, 3, figsize=(16, 7.5))
-    axes = axes.ravel()
-    for run_index, run in enumerate(run_dirs):      # one colour per run in every panel
-        rows = runs.read_metrics(run)
-        for ax, (key, title) in zip(axes, panels):
-            pts = [(m["step"], m[key]) for m in rows if m.get(key) is not None]
-            if key.startswith(("reward", "label_")) and len(pts) > 10:   # smooth the noisy per-step shares
-                k = 10
-                pts = [(pts[i][0], sum(p[1] for p in pts[i - k + 1:i + 1]) / k) for i in range(k - 1, len(pts))]
-            if pts:
-                ax.plot(*zip(*pts), color=f"C{run_index % 10}", label=os.path.basename(os.path.normpath(run)),
-                        marker="o" if key.startswith("eval") else None, ms=3)
-            ax.set_title(title)
-            ax.set_xlabel("RL step")
-    axes[0].legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    return path
 
 
 def main(argv):
@@ -386,14 +386,14 @@ def main(argv):
     rows = [run_summary(run, args.worlds, warmup_em, args.validation)
             for run in tqdm(args.runs, desc="evaluate", dynamic_ncols=True)]
     paired = paired_differences(rows, args.baseline)
-    print(runs_table(rows), results_table(rows), paired_table(paired), sep="\n\n")
+    print(runs_table(rows), results_table(rows), paired_table(paired), summary_table(rows, paired), sep="\n\n")
     if any("f1" in r for r in rows):
         print("\n" + dev_table([r for r in rows if "f1" in r]))
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"runs": rows, "paired": paired}, f, indent=1)
     if args.plot:
-        print("wrote", plot_curves(args.runs, args.plot))
+        print("wrote", curves.plot_curves(rows, {r["run"]: runs.read_metrics(r["run"]) for r in rows}, args.plot))
 
 
 if __name__ == "__main__":

@@ -185,6 +185,15 @@ def test_paired_differences():
     assert p["baseline"] == "grpo" and p["seeds"] == [0, 1, 2]
     assert [p["diff"][s]["macro"] for s in (0, 1, 2)] == pytest.approx([0.1, 0.0, 0.2])
     assert p["macro"] == pytest.approx(evaluate.t_interval([0.1, 0.0, 0.2]))
+    assert p["intervals"]["macro"] == p["macro"] and "partial_clear" not in p["intervals"]   # not logged
+    # Learning speed pairs the same way, over the seeds that have it.
+    for r in rows:
+        r["partial_clear"] = {("evisd", 0): 5, ("evisd", 1): 8, ("grpo", 0): 9, ("grpo", 1): 8}.get((r["group"], r["seed"]))
+    p = evaluate.paired_differences(rows)["evisd"]
+    assert [p["diff"][s]["partial_clear"] for s in (0, 1, 2)] == [-4, 0, None]
+    assert p["intervals"]["partial_clear"] == pytest.approx(evaluate.t_interval([-4, 0]))
+    table = evaluate.summary_table(rows, {"evisd": p})
+    assert "| partial_clear | 8.500 | -2.000 [" in table and "| macro | 0.500 | +0.100 [" in table
     with pytest.raises(SystemExit, match="no such run group"):
         evaluate.paired_differences(rows, baseline="ppo")
 

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 import credit
+import curves
 import evaluate
 import runs
 import toy_world as tw
@@ -326,13 +327,19 @@ def test_paired_table_and_credit_report_on_tiny_runs(tmp_path, capsys, monkeypat
     evisd_run = run(tmp_path, "evisd-s0", "--RL_STEPS=1", "--EVAL_EVERY=0", "--PPO_EPOCHS=1")
     grpo_run = run(tmp_path, "grpo-s0", "--RL_STEPS=1", "--EVAL_EVERY=0", "--PPO_EPOCHS=1", "--METHOD=grpo")
     js = str(tmp_path / "rows.json")
-    evaluate.main([evisd_run, grpo_run, "--worlds", "1", "--json", js])
+    evaluate.main([evisd_run, grpo_run, "--worlds", "1", "--json", js, "--plot", str(tmp_path / "c.png")])
     got = json.load(open(js))
     runs = {r["group"]: r for r in got["runs"]}
     pair = got["paired"]["evisd"]
     assert pair["baseline"] == "grpo" and pair["seeds"] == [0]
     assert pair["diff"]["0"]["macro"] == pytest.approx(runs["evisd"]["macro"] - runs["grpo"]["macro"])
-    assert "mean paired macro difference" in capsys.readouterr().out
+    for key in curves.SPEED_KEYS:   # learning speed, from metrics.jsonl, paired too (None: nothing logged)
+        both = None not in (runs["evisd"][key], runs["grpo"][key])
+        assert pair["diff"]["0"][key] == (pytest.approx(runs["evisd"][key] - runs["grpo"][key]) if both else None)
+    assert runs["grpo"]["quick_area"] is None          # EVAL_EVERY=0: no quick check to measure
+    out = capsys.readouterr().out
+    assert "mean paired difference and 95% t-interval over 1 seeds" in out and "| macro |" in out
+    assert os.path.getsize(tmp_path / "c.png") > 10_000
     # The report card, on the run and on its warm-up checkpoint directory.
     sft = next(os.path.join(tmp_path, d) for d in os.listdir(tmp_path) if d.startswith("sft-"))
     card_path = str(tmp_path / "credit.json")
