@@ -66,7 +66,7 @@ def plot_curves(rows, metrics, path):
     """Learning curves of evaluated runs: ``rows`` are evaluate.run_summary's (run, group, seed)
     and ``metrics`` maps each run to its metrics rows. Top: every run, one colour per seed and
     one line style per method, so a seed's pair reads at a glance; bottom: each method's mean
-    over its seeds. Shares are running means over WINDOW steps from step 0."""
+    over the seeds every method has. Shares are running means over WINDOW steps from step 0."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -75,11 +75,14 @@ def plot_curves(rows, metrics, path):
               ("eval_macro", "held-out quick check (macro EM)"), ("reward", "sampled train reward")]
     groups = list(dict.fromkeys(r["group"] for r in rows))
     seeds = sorted({r["seed"] for r in rows})
+    # The means compare methods on the same seeds only: those every group has.
+    shared = set.intersection(*({r["seed"] for r in rows if r["group"] == g} for g in groups))
     styles = ["-", "--", ":", "-."]
     fig, axes = plt.subplots(2, len(panels), figsize=(5 * len(panels), 8), sharex=True)
     by_group = {g: {p[0]: [] for p in panels} for g in groups}
     for r in rows:
-        colour = plt.cm.tab20(seeds.index(r["seed"]) % 20)
+        i = seeds.index(r["seed"])
+        colour = plt.cm.tab20((2 * i + 2 * i // 20) % 20)   # the 10 dark hues first, then the light ones
         style = styles[groups.index(r["group"]) % len(styles)]
         for ax, (key, title) in zip(axes[0], panels):
             evals = key.startswith("eval")
@@ -90,7 +93,8 @@ def plot_curves(rows, metrics, path):
             ys = ys if evals else running_mean(list(ys))
             ax.plot(xs, ys, style, color=colour, lw=1.2, marker="o" if evals else None, ms=3,
                     label=f"{r['group']} s{r['seed']}")
-            by_group[r["group"]][key].append(dict(zip(xs, ys)))
+            if r["seed"] in shared:
+                by_group[r["group"]][key].append(dict(zip(xs, ys)))
             ax.set_title(title, fontsize=10)
     for ax, (key, title) in zip(axes[1], panels):
         for g in groups:
@@ -98,8 +102,8 @@ def plot_curves(rows, metrics, path):
             xs = sorted(set.intersection(*(set(c) for c in curves))) if curves else []
             if xs:
                 ax.plot(xs, [sum(c[x] for c in curves) / len(curves) for x in xs],
-                        styles[groups.index(g) % len(styles)], color="k", lw=1.6, label=f"{g} (mean of {len(curves)})")
-        ax.set_title(f"mean over seeds: {title}", fontsize=10)
+                        styles[groups.index(g) % len(styles)], color="k", lw=1.6, label=g)
+        ax.set_title(f"mean of the {len(shared)} seeds all share: {title}", fontsize=9)
         ax.set_xlabel("RL step")
         if ax.lines:
             ax.legend(fontsize=7)
