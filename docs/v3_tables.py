@@ -59,18 +59,15 @@ def per_seed_table(rows, times):
     return "\n".join(lines)
 
 
-def dose_table(paired):
+def dose_table(rows, paired):
     """The paired differences from GRPO of each EviSD group, over the seeds the eps runs share."""
     groups = [g for g in ("evisd", "evisd-eps0.5", "evisd-eps1.0") if g in paired]
     seeds = sorted(set.intersection(*(set(paired[g]["seeds"]) for g in groups)))
+    shared = evaluate.paired_differences([r for r in rows if r["seed"] in seeds])   # paired on those seeds only
     lines = [f"| measure (− GRPO, seeds {', '.join(map(str, seeds))}) | " + " | ".join(groups) + " |",
              "|---" * (len(groups) + 1) + "|"]
     for k in evaluate.PAIRED_KEYS:
-        cells = []
-        for g in groups:
-            vals = [paired[g]["diff"][str(s) if str(s) in paired[g]["diff"] else s][k] for s in seeds]
-            vals = [v for v in vals if v is not None]
-            cells.append(evaluate._interval(*evaluate.t_interval(vals)) if vals else "–")
+        cells = [evaluate._interval(*shared[g]["intervals"][k]) if k in shared[g]["intervals"] else "–" for g in groups]
         lines.append(f"| {k} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
@@ -82,7 +79,7 @@ def main(argv):
     rows, paired = got["runs"], got["paired"]
     times = wall_times(out) if os.path.exists(os.path.join(out, "protocol.log")) else {}
     print(evaluate.summary_table(rows, {g: p for g, p in paired.items() if g == "evisd"}), "",
-          per_seed_table(rows, times), "", dose_table(paired), sep="\n")
+          per_seed_table(rows, times), "", dose_table(rows, paired), sep="\n")
     for g, p in paired.items():   # the spread that sets the power: seeds for a half-width of 0.008
         diffs = [d["macro"] for d in p["diff"].values() if d["macro"] is not None]
         if len(diffs) > 1:
