@@ -1,10 +1,12 @@
-"""Held-out evaluation: greedy EM per number of hops over several held-out worlds, paired
-comparisons (EM and learning speed, curves.py), the teacher's report card, curves and examples.
+"""Held-out evaluation: greedy EM per number of hops over several held-out worlds, and paired
+comparisons of methods, seed by seed, with 95% intervals.
 
     python evaluate.py out/evisd-s0 out/grpo-s0 ...   # EM per hop with 95% intervals; paired table
-    python evaluate.py out/evisd-s0 --credit          # the teacher's report card (credit.py)
-    python evaluate.py out/sft-<hash> --credit        # ... of a warm-up checkpoint
-    python evaluate.py out/* --plot curves.png        # learning curves from metrics.jsonl
+
+The lab adds, each switched on by its flag (lab/README.md):
+
+    python evaluate.py out/* --speed --plot curves.png  # learning speed and curves (lab/curves.py)
+    python evaluate.py out/evisd-s0 --credit          # the teacher's report card (lab/credit.py)
     python evaluate.py out/evisd-s0 --show 3          # episodes with the teacher-student gap
 
 Held-out worlds have seeds EVAL_SEED, EVAL_SEED + 1, ...; validation worlds (for choosing
@@ -14,7 +16,8 @@ question starts from) and 120 `ood` ones (3 hops); the headline ``macro`` is the
 1-hop and 2-hop EM, the splits RL can move. Runs whose names differ only in a trailing
 ``-s<seed>`` are aggregated as mean ± std; runs of different methods with the same SEED share a
 warm-up and are compared paired, seed by seed, against the GRPO runs.
-A real-data run (train.py's DATA) is scored on its dev split: EM (its macro) and answer F1, with intervals.
+A real-data run (train.py's DATA) is scored by lab/real_data.py on its dev split: EM (its
+macro) and answer F1, with intervals.
 """
 import argparse
 import json
@@ -27,19 +30,15 @@ import sys
 import torch
 from tqdm import tqdm
 
-import credit
-import curves
-import model as M
-import real_data as rd
+import model
 import runs
-import search_env as se
-import toy_world as tw
+import search_env
+import toy_world
 
 SPLITS = ("test", "ood")
 HOPS = (1, 2, 3)             # 1 and 2 hops in `test`, 3 in `ood`
 MACRO_HOPS = (1, 2)          # the headline: ood (3 hops) stays near 0 for every run
 EVAL_WORLDS = 9              # ~1,090 test and 1,080 ood questions; one world's ~121 give EM ± 0.09
-CREDIT_QUESTIONS = 64        # held-out questions sampled GROUP_SIZE times for --credit
 EVAL_BATCH = 256             # questions per greedy rollout (a toy world has ~241, a real dev split thousands)
 
 
@@ -51,41 +50,45 @@ def eval_world_seed(cfg, world_index, validation=False):
     return cfg["EVAL_SEED"] - 1 - world_index if validation else cfg["EVAL_SEED"] + world_index
 
 
+def real_data(cfg):
+    """The lab's switch for real data (DATA other than "toy"): lab/real_data.py scores its dev
+    split. None for the toy world."""
+    return runs.lab("real_data", f"DATA={cfg['DATA']!r}") if cfg["DATA"] != "toy" else None
+
+
 def heldout_questions(cfg, split, n, world_index=0, validation=False):
     """n questions of a split of held-out (or validation) world ``world_index``, a fixed sample."""
-    if rd.is_real(cfg):   # real data: of its dev (or validation) split, whatever split and world
-        world = rd.dataset(cfg, "validation" if validation else "dev")
-        return world, random.Random(0).sample(world.questions, n) if n < len(world.questions) else world.questions
     seed = eval_world_seed(cfg, world_index, validation)
-    world = tw.make_world(seed, scale=cfg["WORLD_SCALE"])
+    world = toy_world.make_world(seed, scale=cfg["WORLD_SCALE"])
     qs = world.split(split)
     qs = random.Random(seed).sample(qs, min(n, len(qs)))
     return world, qs
 
 
 @torch.no_grad()
-def greedy_episodes(lm, tokenizer, cfg, world, questions, device=None, dtype=torch.float32):
+def greedy_episodes(policy, tokenizer, cfg, world, questions, dtype=torch.float32):
     """Greedy exact match of each question [len(questions)] and its answers, EVAL_BATCH at a time."""
-    env = lambda q: se.SearchEnv(world.retriever(q), q, max_turns=cfg["MAX_TURNS"], top_k=cfg["TOP_K"])
+    device = next(policy.parameters()).device
     rewards, answers = [], []
     for c in range(0, len(questions), EVAL_BATCH):
-        with M.autocast(device or torch.device("cpu"), dtype):
-            r = M.rollout(lm, tokenizer, env, questions[c:c + EVAL_BATCH], group_size=1, max_turns=cfg["MAX_TURNS"],
-                          max_new_tokens=cfg["MAX_NEW_TOKENS"], greedy=True)
+        envs = search_env.episodes(world, questions[c:c + EVAL_BATCH], 1, cfg["MAX_TURNS"], cfg["TOP_K"])
+        with model.autocast(device, dtype):
+            r = model.rollout(policy, tokenizer, envs, cfg["MAX_NEW_TOKENS"], greedy=True)
         rewards, answers = rewards + [r.rewards], answers + r.answers
     return torch.cat(rewards), answers
 
 
-def heldout_em(lm, tokenizer, cfg, n=100, device=None, dtype=torch.float32):
+def heldout_em(policy, tokenizer, cfg, n=100, dtype=torch.float32):
     """The quick check during training: greedy EM on ``n`` questions of each split of the first
     held-out world, per split and per number of hops, and the macro, the mean of 1- and 2-hop EM
-    as in the held-out table (None when the sample lacks one of them). Real data: real_scores."""
-    if rd.is_real(cfg):   # dev EM (the macro) and F1
-        return {k: round(v, 4) for k, v in real_scores(lm, tokenizer, cfg, n, device, dtype).items() if k in ("n", "em", "f1", "macro")}
+    as in the held-out table (None when the sample lacks one of them). Real data: dev EM and F1
+    (lab/real_data.py)."""
+    if real_data(cfg):
+        return real_data(cfg).quick_scores(policy, tokenizer, cfg, n, dtype)
     out, by_hops = {}, {h: [] for h in HOPS}
     for split in SPLITS:
         world, qs = heldout_questions(cfg, split, n)
-        rewards = greedy_episodes(lm, tokenizer, cfg, world, qs, device, dtype)[0].tolist()
+        rewards = greedy_episodes(policy, tokenizer, cfg, world, qs, dtype)[0].tolist()
         out[split] = round(sum(rewards) / len(rewards), 4)
         for q, r in zip(qs, rewards):
             by_hops[q.hops].append(r)
@@ -96,17 +99,19 @@ def heldout_em(lm, tokenizer, cfg, n=100, device=None, dtype=torch.float32):
     return out
 
 
-def heldout_by_hops(lm, tokenizer, cfg, worlds=EVAL_WORLDS, device=None, dtype=torch.float32, validation=False):
+def heldout_by_hops(policy, tokenizer, cfg, worlds=EVAL_WORLDS, validation=False):
     """Greedy EM on every `test` and `ood` question of ``worlds`` held-out (or validation)
     worlds, per number of hops, each with its 95% Wilson interval, and the macro over
-    ``MACRO_HOPS`` (with a normal-approximation interval). Real data: real_scores, all questions."""
-    if rd.is_real(cfg):
-        return real_scores(lm, tokenizer, cfg, None, device, dtype, validation)
+    ``MACRO_HOPS`` (with a normal-approximation interval). Real data: its whole dev split
+    (lab/real_data.py)."""
+    if real_data(cfg):
+        return real_data(cfg).dev_scores(policy, tokenizer, cfg, validation=validation)
     correct, total = {h: 0 for h in HOPS}, {h: 0 for h in HOPS}
     for k in range(worlds):
-        world = tw.make_world(eval_world_seed(cfg, k, validation), scale=cfg["WORLD_SCALE"])
+        world = toy_world.make_world(eval_world_seed(cfg, k, validation), scale=cfg["WORLD_SCALE"])
         qs = [q for split in SPLITS for q in world.split(split)]
-        for q, r in zip(qs, greedy_episodes(lm, tokenizer, cfg, world, qs, device, dtype)[0].tolist()):
+        em = greedy_episodes(policy, tokenizer, cfg, world, qs)[0].tolist()
+        for q, r in zip(qs, em):
             correct[q.hops] += r
             total[q.hops] += 1
     out = {}
@@ -120,22 +125,6 @@ def heldout_by_hops(lm, tokenizer, cfg, worlds=EVAL_WORLDS, device=None, dtype=t
         out["macro"] = sum(ems) / len(ems)
         out["macro_ci"] = [out["macro"] - 1.96 * se_macro, out["macro"] + 1.96 * se_macro]
     return out
-
-
-def real_scores(lm, tokenizer, cfg, n=None, device=None, dtype=torch.float32, validation=False):
-    """Real data: greedy EM and answer F1 on the dev (or validation) split, or a fixed sample of
-    n of its questions, with 95% intervals (Wilson; normal for F1), and EM per number of hops.
-    ``macro`` is the EM, so the tables and the paired comparison read it as a toy run's."""
-    world, qs = heldout_questions(cfg, "dev", n or math.inf, validation=validation)
-    em, answers = greedy_episodes(lm, tokenizer, cfg, world, qs, device, dtype)
-    f1 = torch.tensor([se.f1_score(a, q.answers) for a, q in zip(answers, qs)], dtype=torch.float64)
-    m, half = f1.mean().item(), (1.96 * f1.std().item() / math.sqrt(len(qs)) if len(qs) > 1 else 0.0)
-    out = {"n": len(qs), "f1": m, "f1_ci": [m - half, m + half]}
-    for key, keep in [("em", lambda q: True)] + [(f"hop{h}", lambda q, h=h: q.hops == h) for h in HOPS]:
-        hit = [e for e, q in zip(em.tolist(), qs) if keep(q)]
-        out[key], out[f"{key}_n"], out[f"{key}_ci"] = \
-            (sum(hit) / len(hit), len(hit), list(wilson(sum(hit), len(hit)))) if hit else (None, 0, [None, None])
-    return dict(out, macro=out["em"], macro_ci=out["em_ci"])
 
 
 # ----------------------------------------------------------------------------- intervals
@@ -166,16 +155,17 @@ def t_interval(values):
 
 
 # ----------------------------------------------------------------------------- runs
-def cached_em(checkpoint, lm, tok, cfg, worlds, validation=False):
+def cached_em(checkpoint, policy, tokenizer, cfg, worlds, validation=False):
     """``heldout_by_hops``, kept in the checkpoint's ``heldout-em.json`` per (worlds, EVAL_SEED,
     held-out or validation): a checkpoint never changes, so a long protocol evaluates each model
     once (delete the file after changing the evaluation code)."""
-    key = (f"{cfg['DATA']} {cfg['DATA_DEV']}" if rd.is_real(cfg) else f"{worlds} worlds from {cfg['EVAL_SEED']}") \
-        + (" down (validation)" if validation else "")
+    scored = f"{worlds} worlds from {cfg['EVAL_SEED']}" if cfg["DATA"] == "toy" \
+        else f"{cfg['DATA']} {cfg['DATA_DEV']}"
+    key = scored + (" down (validation)" if validation else "")
     path = os.path.join(checkpoint, "heldout-em.json")
     cache = json.load(open(path)) if os.path.exists(path) else {}
     if key not in cache:
-        cache[key] = heldout_by_hops(lm, tok, cfg, worlds, validation=validation)
+        cache[key] = heldout_by_hops(policy, tokenizer, cfg, worlds, validation=validation)
         with open(path + ".tmp", "w") as f:
             json.dump(cache, f, indent=1)
         os.replace(path + ".tmp", path)
@@ -190,11 +180,11 @@ def run_summary(run_dir, worlds, warmup_em=None, validation=False):
     """One row per run. ``warmup_em`` maps warm-up paths to their macro EM: the GRPO and EviSD
     runs of one seed share a warm-up, so pass one dict for all runs to evaluate it once."""
     warmup_em = {} if warmup_em is None else warmup_em
-    lm, tok, cfg, sft_path, checkpoint = runs.load_run(run_dir, with_path=True)
-    em = cached_em(checkpoint, lm, tok, cfg, worlds, validation)
+    policy, tokenizer, cfg, sft_path, checkpoint = runs.load_run(run_dir, with_path=True)
+    em = cached_em(checkpoint, policy, tokenizer, cfg, worlds, validation)
     if sft_path and os.path.isdir(sft_path) and sft_path not in warmup_em:
-        warmup = M.load_model(sft_path, local_files_only=True)[0].eval()
-        warmup_em[sft_path] = cached_em(sft_path, warmup, tok, cfg, worlds, validation).get("macro")
+        warmed = model.load_model(sft_path, local_files_only=True)[0].eval()
+        warmup_em[sft_path] = cached_em(sft_path, warmed, tokenizer, cfg, worlds, validation).get("macro")
     metrics = runs.read_metrics(run_dir)
     steps = [m for m in metrics if not m.get("eval")]
     last = steps[-max(1, len(steps) // 5):] if steps else []   # the last fifth of training
@@ -202,13 +192,13 @@ def run_summary(run_dir, worlds, warmup_em=None, validation=False):
     def mean(key):
         vals = [m[k] for m in last for k in key if m.get(k) is not None]
         return sum(vals) / len(vals) if vals else None
-    return {"run": run_dir, "group": group_name(run_dir), "seed": cfg["SEED"], "method": cfg["METHOD"],
+    return {"run": run_dir, "group": group_name(run_dir), "seed": cfg["SEED"],
+            "method": cfg["METHOD"], "rl_steps": cfg["RL_STEPS"],
             "warmup_macro": warmup_em.get(sft_path), **em,
             "modulated_frac": mean(["modulated_frac"]),
             "gap_pos": mean(["search_gap_pos", "answer_gap_pos"]),   # mean action-token gap, A > 0
             "gap_neg": mean(["search_gap_neg", "answer_gap_neg"]),   # and A < 0
-            "wall_min": sum(m["step_s"] for m in steps) / 60 if steps else None,
-            **curves.speed(metrics, cfg["RL_STEPS"])}   # how fast each habit goes (curves.py)
+            "wall_min": sum(m["step_s"] for m in steps) / 60 if steps else None}
 
 
 # ----------------------------------------------------------------------------- tables
@@ -249,15 +239,16 @@ def results_table(rows):
     return "\n".join(lines)
 
 
-PAIRED_KEYS = ("macro", "hop1", "hop2") + curves.SPEED_KEYS
+PAIRED_KEYS = ("macro", "hop1", "hop2")
 
 
-def paired_differences(rows, baseline=None):
+def paired_differences(rows, baseline=None, keys=PAIRED_KEYS):
     """Every group against the baseline group (the GRPO runs, unless named), seed by seed.
 
     Returns {group: {"seeds": [...], "diff": {seed: {key: difference}}, "intervals": {key: (mean,
-    low, high)}, "macro": (mean, low, high)}} for every key of PAIRED_KEYS (EM and learning speed),
-    each interval the 95% t-interval of the mean paired difference over the seeds that have it.
+    low, high)}, "macro": (mean, low, high)}} for every one of ``keys`` (EM; with --speed, the
+    learning speed too), each interval the 95% t-interval of the mean paired difference over
+    the seeds that have it.
     """
     groups = {}
     for r in rows:
@@ -274,12 +265,13 @@ def paired_differences(rows, baseline=None):
         seeds = sorted(set(by_seed) & set(groups[baseline]))
         if name == baseline or not seeds:
             continue
-        diff = {s: {k: None if None in (by_seed[s].get(k), groups[baseline][s].get(k))   # real data lacks
-                    else by_seed[s][k] - groups[baseline][s][k] for k in PAIRED_KEYS} for s in seeds}   # a hop, habits
-        intervals = {k: t_interval(vals) for k in PAIRED_KEYS
+        # None where a run lacks the measure (real data has no hops, a run no habit left).
+        diff = {s: {k: None if None in (by_seed[s].get(k), groups[baseline][s].get(k))
+                    else by_seed[s][k] - groups[baseline][s][k] for k in keys} for s in seeds}
+        intervals = {k: t_interval(vals) for k in keys
                      if (vals := [diff[s][k] for s in seeds if diff[s][k] is not None])}
-        out[name] = {"baseline": baseline, "seeds": seeds, "diff": diff, "intervals": intervals,
-                     "macro": intervals.get("macro", (None, None, None))}
+        out[name] = {"baseline": baseline, "seeds": seeds, "keys": list(keys), "diff": diff,
+                     "intervals": intervals, "macro": intervals.get("macro", (None, None, None))}
     return out
 
 
@@ -291,7 +283,7 @@ def paired_table(paired):
     """Per seed, each measure's difference from the baseline; then each mean with its interval."""
     lines = []
     for name, p in paired.items():
-        keys = [k for k in PAIRED_KEYS if k in p["intervals"]]
+        keys = [k for k in p["keys"] if k in p["intervals"]]
         lines += [f"{name} − {p['baseline']}, paired by seed:", "",
                   "| seed | " + " | ".join(keys) + " |", "|---" * (len(keys) + 1) + "|"]
         for s in p["seeds"]:
@@ -311,31 +303,12 @@ def summary_table(rows, paired):
     lines = [f"| measure | {baseline} (mean of {len(base)}) | " +
              " | ".join(f"{g} − {baseline} [95%] (n={len(p['seeds'])})" for g, p in paired.items()) + " |",
              "|---" * (len(paired) + 2) + "|"]
-    for k in [k for k in PAIRED_KEYS if any(k in p["intervals"] for p in paired.values())]:
+    for k in [k for k in next(iter(paired.values()))["keys"]
+              if any(k in p["intervals"] for p in paired.values())]:
         vals = [r[k] for r in base if r.get(k) is not None]
         cells = [_interval(*p["intervals"][k]) if k in p["intervals"] else "–" for p in paired.values()]
         lines.append(f"| {k} | {_num(sum(vals) / len(vals) if vals else None)} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
-
-
-def dev_table(rows):
-    """Real-data runs: dev EM and answer F1, each with its 95% interval (the EM is their macro)."""
-    cell = lambda r, k: f"{_num(r[k])} [{_num(r[k + '_ci'][0])}, {_num(r[k + '_ci'][1])}]"
-    return "\n".join(["| run | seed | questions | EM [95%] | F1 [95%] |", "|---|---|---|---|---|"] +
-                     [f"| {r['run']} | {r['seed']} | {r['n']} | {cell(r, 'em')} | {cell(r, 'f1')} |" for r in rows])
-
-
-def credit_sets(cfg, n_questions, validation=False):
-    """Held-out (or validation) `test` questions for the report card: a fixed sample, world by world."""
-    if rd.is_real(cfg):
-        return [heldout_questions(cfg, "test", n_questions, validation=validation)]
-    sets, k = [], 0
-    while n_questions > 0:
-        world, qs = heldout_questions(cfg, "test", n_questions, world_index=k, validation=validation)
-        sets.append((world, qs))
-        n_questions -= len(qs)
-        k += 1
-    return sets
 
 
 def main(argv):
@@ -343,57 +316,52 @@ def main(argv):
     ap.add_argument("runs", nargs="+", help="run directories (OUT_DIR of train.py) or checkpoint directories")
     ap.add_argument("--worlds", type=int, default=EVAL_WORLDS, help="held-out worlds to evaluate on")
     ap.add_argument("--baseline", default=None, help="run group to pair against (default: the GRPO runs)")
-    ap.add_argument("--credit", type=int, nargs="?", const=CREDIT_QUESTIONS, default=0, metavar="Q",
-                    help=f"the teacher's report card on Q held-out questions (default {CREDIT_QUESTIONS})")
-    ap.add_argument("--variants", action="store_true",
-                    help="with --credit: score every EviSD design choice of credit.VARIANTS on the same samples")
     ap.add_argument("--validation", action="store_true",
                     help="validation worlds instead of held-out ones (for choosing settings)")
     ap.add_argument("--json", default=None, help="also write the results as JSON here")
-    ap.add_argument("--plot", nargs="?", const="curves.png", default=None, help="learning curves PNG")
-    ap.add_argument("--show", type=int, default=0, metavar="K", help="print K example groups")
+    lab_flags = ap.add_argument_group("the lab (lab/README.md)")
+    lab_flags.add_argument("--speed", action="store_true",
+                     help="learning speed from metrics.jsonl, paired too (lab/curves.py)")
+    lab_flags.add_argument("--plot", nargs="?", const="curves.png", default=None,
+                     help="learning curves PNG (lab/curves.py)")
+    lab_flags.add_argument("--credit", type=int, nargs="?", const=64, default=0, metavar="Q",
+                     help="the teacher's report card on Q held-out questions, default 64 (lab/credit.py)")
+    lab_flags.add_argument("--variants", action="store_true",
+                     help="with --credit: score every EviSD design choice on the same samples")
+    lab_flags.add_argument("--show", type=int, default=0, metavar="K",
+                     help="print K example groups with each action token's gap (lab/credit.py)")
     args = ap.parse_args(argv)
     for run in args.runs:
         if not os.path.isdir(run):
             raise SystemExit(f"{run}: no such run directory")
-    if args.variants and not args.credit:
-        raise SystemExit("--variants goes with --credit")
     if args.worlds < 1 or args.credit < 0:
         raise SystemExit(f"--worlds must be >= 1 and --credit >= 0, got {args.worlds} and {args.credit}")
-    if args.show:
-        lm, tok, cfg, _ = runs.load_run(args.runs[0])
-        world, qs = heldout_questions(cfg, "test", 4 * args.show)   # the groups with A != 0 are shown first
-        credit.show_episodes(lm, tok, cfg, world, qs, os.path.join(args.runs[0], "episodes.html"), args.show)
-        return
-    if args.credit:
-        cards = {}
-        for run in args.runs:
-            lm, tok, cfg, _ = runs.load_run(run)
-            sets = credit_sets(cfg, args.credit, args.validation)
-            with tqdm(total=args.credit, desc=f"credit {run}", dynamic_ncols=True) as bar:
-                cards[run] = credit.report(lm, tok, cfg, sets, progress=bar.update,
-                                           variants=credit.VARIANTS if args.variants else None)
-            if args.variants:
-                print(f"\n## {run}\n\n{credit.variants_table(cards[run])}")
-            else:
-                print(f"\n## {run}\n\n{credit.format_report(cards[run])}")
-        out = args.json or os.path.join(args.runs[0], "credit.json")
-        with open(out, "w") as f:
-            json.dump(cards, f, indent=1)
-        print("wrote", out)
-        return
+    if args.variants and not args.credit:
+        raise SystemExit("--variants goes with --credit")
+    # The lab's switch for the report card and the gap view: they sample episodes of their own.
+    if args.credit or args.show:
+        return runs.lab("credit", "--credit and --show").main(args)
     warmup_em = {}
     rows = [run_summary(run, args.worlds, warmup_em, args.validation)
             for run in tqdm(args.runs, desc="evaluate", dynamic_ncols=True)]
-    paired = paired_differences(rows, args.baseline)
+    keys = PAIRED_KEYS
+    # The lab's switch for learning speed: how fast each habit goes, read off metrics.jsonl.
+    curves = runs.lab("curves", "--speed and --plot") if args.speed or args.plot else None
+    if curves:
+        for row in rows:
+            row.update(curves.speed(runs.read_metrics(row["run"]), row["rl_steps"]))
+        keys += curves.SPEED_KEYS
+    paired = paired_differences(rows, args.baseline, keys)
     print(runs_table(rows), results_table(rows), paired_table(paired), summary_table(rows, paired), sep="\n\n")
     if any("f1" in r for r in rows):
-        print("\n" + dev_table([r for r in rows if "f1" in r]))
+        real = runs.lab("real_data", "a real-data run")
+        print("\n" + real.dev_table([r for r in rows if "f1" in r]))
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"runs": rows, "paired": paired}, f, indent=1)
     if args.plot:
-        print("wrote", curves.plot_curves(rows, {r["run"]: runs.read_metrics(r["run"]) for r in rows}, args.plot))
+        metrics = {r["run"]: runs.read_metrics(r["run"]) for r in rows}
+        print("wrote", curves.plot_curves(rows, metrics, args.plot))
 
 
 if __name__ == "__main__":

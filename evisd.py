@@ -15,55 +15,73 @@ sign the outcome reward chose (the RLSD form, arXiv 2604.03128):
 Thinking tokens keep A; retrieved information and the prompt are never trained on. Nothing
 changes at inference time: the teacher exists only inside a training step.
 
-The paper leaves three choices open; ``Privilege`` names them (train.py's EVIDENCE_AT,
-ANSWER_AT, EVISD_SPAN) and docs/results-v2.md measures each: the evidence block before every search
-or once before the first; the answer block after the opening <answer> tag (it informs only the
-answer's content) or before it (it also informs the decision to answer, and approves answering
-too early); and whether the opening tag itself, the decision to search or to answer, is
-corrected or keeps the plain A.
+The paper leaves three choices open; ``Settings`` names them (train.py's EVIDENCE_AT,
+ANSWER_AT, EVISD_SPAN) and lab/results/results-v2.md measures each: the evidence block before
+every search or once before the first; the answer block after the opening <answer> tag (it
+informs only the answer's content) or before it (it also informs the decision to answer, and
+approves answering too early); and whether the opening tag itself, the decision to search or
+to answer, is corrected or keeps the plain A.
+
+Reading order: ``corrected_advantages`` (what train.rl_step calls), then the teacher's context
+(``insert_privileged``, ``teacher_logprobs``), then the formula (``bounded_correction``).
 """
 from dataclasses import dataclass
 
 import torch
 
-import model as M
-import search_env as se
-from model import KIND_IDS, Transcript, token_logprobs
-
-
-# ----------------------------------------------------------------------------- the privileged context
-def answer_block(answers):
-    """The golden answer in a short block of the same style as retrieved information."""
-    return f"{se.INFO} the answer is {answers[0]}. {se.INFO_END}"
-
-
-def privileged_ids(tokenizer, question, world):
-    """Token ids of the two privileged blocks of a question: (gold evidence, golden answer).
-    A question without evidence (real data, real_data.EVIDENCE_RULES) gets no evidence block."""
-    docs = world.evidence_docs(question)
-    return (tokenizer.encode(se.format_information(docs), add_special_tokens=False) if docs else [],
-            tokenizer.encode(answer_block(question.answers), add_special_tokens=False))
+from model import KIND_IDS, Transcript, tag_length, token_logprobs
+from search_env import INFO, INFO_END, format_information
 
 
 @dataclass(frozen=True)
-class Privilege:
-    """What the teacher reads, where, and which action tokens its gap may correct."""
+class Settings:
+    """EviSD's constants (train.py's EviSD block): what the teacher reads, where, and how its
+    gap reaches the advantage."""
     evidence: bool = True        # gold evidence before search actions (USE_SEARCH_EVIDENCE)
     answer: bool = True          # golden answer before the answer action (USE_ANSWER_PRIVILEGE)
     evidence_at: str = "every"   # "every": a block before each search | "first": one, before the first
     answer_at: str = "content"   # "content": right after the opening <answer> | "tag": before it
     span: str = "action"         # "action": tag and content corrected | "content": the tag keeps A
-
-    @classmethod
-    def from_config(cls, cfg):
-        # A run saved before these constants existed placed its blocks the first way.
-        return cls(cfg["USE_SEARCH_EVIDENCE"], cfg["USE_ANSWER_PRIVILEGE"], cfg.get("EVIDENCE_AT", "first"),
-                   cfg.get("ANSWER_AT", "tag"), cfg.get("EVISD_SPAN", "action"))
+    eps: float = 0.2             # w in [1 - eps, 1 + eps] (EVISD_EPS)
+    tau: float = 0.0             # |g| below this counts as no signal (EVISD_TAU)
+    bounded: bool = True         # False: no clip (BOUNDED, an ablation)
+    temperature: float = 1.0     # the teacher scores at the sampling temperature (TEMPERATURE)
 
 
-def insert_privileged(tr, evidence_ids, answer_ids, privilege=Privilege(), tokenizer=None):
-    """The teacher's transcript: ``tr`` with the privileged blocks inserted where ``privilege``
-    says (``tokenizer`` finds the end of the opening <answer> tag for ANSWER_AT="content").
+def corrected_advantages(policy, tokenizer, world, rollouts, adv, student_logp, settings):
+    """EviSD's token advantages for one batch: the teacher's re-scoring, then the correction.
+
+    adv [N] (grpo.group_advantages); student_logp [N, T], the policy's detached log-probs of the
+    batch. Returns (token_adv [N, T], teacher_logp [N, T]); where the teacher did not score,
+    teacher_logp is the student's (a zero gap).
+    """
+    # A = 0 gives Â = 0 whatever the teacher says: only episodes with A != 0 are re-scored.
+    rows = adv.nonzero().squeeze(1).tolist()
+    teacher_logp = teacher_logprobs(policy, tokenizer, world, rollouts, student_logp, rows, settings)
+    device = adv.device
+    token_adv = bounded_correction(adv, teacher_logp - student_logp, rollouts.gen_mask.to(device),
+                                   correction_mask(rollouts, tokenizer, settings).to(device),
+                                   settings.eps, settings.tau, settings.bounded)
+    return token_adv, teacher_logp
+
+
+# ----------------------------------------------------------------------------- the privileged context
+def answer_block(answers):
+    """The golden answer in a short block of the same style as retrieved information."""
+    return f"{INFO} the answer is {answers[0]}. {INFO_END}"
+
+
+def privileged_ids(tokenizer, question, world):
+    """Token ids of the two privileged blocks of a question: (gold evidence, golden answer).
+    A question without evidence (real data's EVIDENCE rules) gets no evidence block."""
+    docs = world.evidence_docs(question)
+    return (tokenizer.encode(format_information(docs), add_special_tokens=False) if docs else [],
+            tokenizer.encode(answer_block(question.answers), add_special_tokens=False))
+
+
+def insert_privileged(tr, evidence_ids, answer_ids, settings, tokenizer):
+    """The teacher's transcript: ``tr`` with the privileged blocks inserted where ``settings``
+    says (``tokenizer`` finds the end of the opening <answer> tag for answer_at="content").
 
     One teacher sequence per episode is enough and cheapest: each block is inserted *before*
     the first action token it serves, so under causal attention no token before a block can see
@@ -76,13 +94,13 @@ def insert_privileged(tr, evidence_ids, answer_ids, privilege=Privilege(), token
     inserts = {}
     searches = [s for s, _, k, _ in tr.spans if k == "search"]
     answer = next(((s, e) for s, e, k, _ in tr.spans if k == "answer"), None)
-    if privilege.evidence and searches and evidence_ids:
-        for s in searches if privilege.evidence_at == "every" else searches[:1]:
+    if settings.evidence and searches and evidence_ids:
+        for s in searches if settings.evidence_at == "every" else searches[:1]:
             inserts[s] = evidence_ids
-    if privilege.answer and answer is not None and answer_ids:
+    if settings.answer and answer is not None and answer_ids:
         at = answer[0]
-        if privilege.answer_at == "content":
-            at += M.tag_length(tokenizer, tr.ids[answer[0]:answer[1]], "answer")
+        if settings.answer_at == "content":
+            at += tag_length(tokenizer, tr.ids[answer[0]:answer[1]], "answer")
         inserts[at] = inserts.get(at, []) + answer_ids
     out = Transcript(tr.ids[:tr.prompt_len])
     student_pos = list(range(tr.prompt_len))
@@ -97,13 +115,17 @@ def insert_privileged(tr, evidence_ids, answer_ids, privilege=Privilege(), token
             out.add_observation(inserts[cut])
             student_pos += [-1] * len(inserts[cut])
         prev = cut
+
+    def shift(pos, inclusive):
+        """How far the blocks inserted before ``pos`` (or at it, when inclusive) move it."""
+        return sum(len(block) for at, block in inserts.items() if at < pos + inclusive)
+
     # A span's start moves by the blocks at or before it, its end also by a block inside it.
-    before = lambda pos, inclusive: sum(len(b) for p, b in inserts.items() if p < pos + inclusive)
-    out.spans = [(s + before(s, 1), e + before(e, 0), k, i) for s, e, k, i in tr.spans]
+    out.spans = [(s + shift(s, 1), e + shift(e, 0), k, i) for s, e, k, i in tr.spans]
     return out, student_pos
 
 
-def _row(rollouts, i):
+def episode_transcript(rollouts, i):
     """Episode i of a Rollouts batch as a Transcript (unpadded lists)."""
     n = int(rollouts.attention_mask[i].sum())
     tr = Transcript(rollouts.input_ids[i, :int(rollouts.prompt_len[i])].tolist())
@@ -115,22 +137,21 @@ def _row(rollouts, i):
     return tr
 
 
-def teacher_inputs(rollouts, world, tokenizer, privilege=Privilege(), rows=None):
-    """The teacher batch: one privileged sequence per episode (or per episode in ``rows``),
-    right-padded.
+def teacher_batch(tokenizer, world, rollouts, rows, settings):
+    """The teacher's inputs: one privileged sequence per episode in ``rows``, right-padded.
 
-    Returns a dict of [N, T'] tensors: input_ids, attention_mask, score_mask (1 on the
-    teacher positions of the student's action tokens of the selected kinds) and student_pos
+    Returns a dict of [len(rows), T'] tensors: input_ids, attention_mask, score_mask (1 on the
+    teacher positions of the student's action tokens of the privileged kinds) and student_pos
     (the student position of each teacher token, -1 where inserted or padding). Each sequence
     is cut after its last scored token: nothing after it can change a score.
     """
-    kinds = [KIND_IDS["search"]] * privilege.evidence + [KIND_IDS["answer"]] * privilege.answer
+    kinds = [KIND_IDS["search"]] * settings.evidence + [KIND_IDS["answer"]] * settings.answer
     seqs, blocks = [], {}    # a group's episodes share one question: encode its blocks once
-    for i in range(len(rollouts.questions)) if rows is None else rows:
+    for i in rows:
         q = rollouts.questions[i]
         if q.qid not in blocks:
             blocks[q.qid] = privileged_ids(tokenizer, q, world)
-        tr, pos = insert_privileged(_row(rollouts, i), *blocks[q.qid], privilege, tokenizer)
+        tr, pos = insert_privileged(episode_transcript(rollouts, i), *blocks[q.qid], settings, tokenizer)
         score = [int(k in kinds) for k in tr.kind]
         last = max([j for j, s in enumerate(score) if s], default=0) + 1
         seqs.append((tr.ids[:last], score[:last], pos[:last]))
@@ -146,75 +167,84 @@ def teacher_inputs(rollouts, world, tokenizer, privilege=Privilege(), rows=None)
 
 
 @torch.no_grad()
-def teacher_logprobs(model, batch, logp_student, temperature=1.0):
-    """Teacher log-probs of the student's action tokens, aligned to student positions [N, T].
+def teacher_logprobs(policy, tokenizer, world, rollouts, student_logp, rows, settings):
+    """The teacher's log-probs of the student's action tokens in the episodes ``rows``, aligned
+    to student positions: [N, T]. Every other position keeps the student's log-prob (a zero gap).
 
-    One batched no-grad forward; the output projection runs only at the scored positions.
-    Positions the teacher does not score keep the student's log-prob (a zero gap).
+    One batched no-grad forward of the policy over the privileged sequences; the output
+    projection runs only at the scored positions. Identical episodes of one question, frequent
+    once a group agrees on its text, share one teacher sequence.
     """
-    device = next(model.parameters()).device
-    b = {k: v.to(device) for k, v in batch.items()}
-    lp = token_logprobs(model, b["input_ids"], b["attention_mask"], b["score_mask"],
-                        temperature=temperature)                        # [N, T']
-    out = logp_student.detach().float().clone().to(device)             # [N, T]
-    rows, cols = b["score_mask"].nonzero(as_tuple=True)
-    out[rows, b["student_pos"][rows, cols]] = lp[rows, cols]
-    return out
-
-
-def teacher_scores(model, rollouts, world, tokenizer, logp_student, rows, privilege=Privilege(),
-                   temperature=1.0):
-    """Teacher log-probs [N, T] for the episodes in ``rows`` (train.py passes those with A != 0,
-    since A = 0 gives Â = 0 whatever the teacher says); all other positions keep the student's
-    log-prob, a zero gap. Identical episodes of one question, frequent once a group agrees on
-    its text, share one teacher sequence."""
-    out = logp_student.detach().float().clone()
+    out = student_logp.detach().float().clone()                       # [N, T]
     copies = {}                                   # (question, token ids) -> episode indices
     for i in rows:
         n = int(rollouts.attention_mask[i].sum())
-        copies.setdefault((rollouts.questions[i].qid, tuple(rollouts.input_ids[i, :n].tolist())), []).append(i)
+        key = (rollouts.questions[i].qid, tuple(rollouts.input_ids[i, :n].tolist()))
+        copies.setdefault(key, []).append(i)
     if not copies:
         return out
     groups = list(copies.values())
-    first = [g[0] for g in groups]
-    batch = teacher_inputs(rollouts, world, tokenizer, privilege, rows=first)
-    scored = teacher_logprobs(model, batch, logp_student[first], temperature)   # [U, T]
+    device = out.device
+    batch = {k: v.to(device) for k, v in
+             teacher_batch(tokenizer, world, rollouts, [g[0] for g in groups], settings).items()}
+    lp = token_logprobs(policy, batch["input_ids"], batch["attention_mask"], batch["score_mask"],
+                        temperature=settings.temperature)             # [U, T']
+    scored = out[[g[0] for g in groups]]                              # [U, T]
+    u, cols = batch["score_mask"].nonzero(as_tuple=True)
+    scored[u, batch["student_pos"][u, cols]] = lp[u, cols]
     for g, row in zip(groups, scored):
         out[g] = row
     return out
 
 
 # ----------------------------------------------------------------------------- the correction
+def correction_mask(rollouts, tokenizer, settings):
+    """[N, T] bool: the generated tokens whose advantage the gap may correct, the action spans of
+    the privileged kinds; with span="content", less each span's decision tag, the tokens that
+    complete its opening tag (model.tag_length, as the rollout finds spans)."""
+    kind = rollouts.action_kind
+    mask = torch.zeros_like(rollouts.gen_mask, dtype=torch.bool)
+    if settings.evidence:
+        mask |= kind == KIND_IDS["search"]
+    if settings.answer:
+        mask |= kind == KIND_IDS["answer"]
+    mask &= rollouts.gen_mask.bool()
+    if settings.span == "content":
+        for i, spans in enumerate(rollouts.spans):
+            for start, end, name, _ in spans:
+                if name in KIND_IDS:
+                    ids = rollouts.input_ids[i, start:end].tolist()
+                    mask[i, start:start + tag_length(tokenizer, ids, name)] = False
+    return mask
+
+
 @torch.no_grad()
-def evisd_advantages(adv, logp_student, logp_teacher, gen_mask, action_kind, eps=0.2, tau=0.0,
-                     use_search=True, use_answer=True, bounded=True, keep_mask=None):
+def bounded_correction(adv, gap, gen_mask, mask, eps=0.2, tau=0.0, bounded=True):
     """Per-token advantages Â [N, T] from sequence advantages and the teacher-student gap.
 
-    adv [N]; logp_student, logp_teacher, gen_mask, action_kind [N, T].
-    On the selected action spans (action_kind 1 = search, 2 = answer):
-        g = lp_teacher - lp_student;  w = clip(exp(sign(A) g), 1-eps, 1+eps);  Â = A w
-    where |g| < tau counts as no signal (w = 1) and bounded=False drops the clip. Tokens in
-    ``keep_mask`` [N, T] (the decision tags, for EVISD_SPAN="content") and every other generated
-    token get the plain A; tokens off gen_mask get 0. The output has no gradient.
-    Returns (token_adv, stats): stats has the fraction of generated tokens modulated (w != 1)
-    and, per kind, the mean and max |g|, the mean w, and the mean g for A > 0 and A < 0.
+    adv [N]; gap = logp_teacher - logp_student, gen_mask, mask [N, T]. Where ``mask`` is set:
+        w = clip(exp(sign(A) g), 1 - eps, 1 + eps);   Â = A w
+    with |g| < tau counted as no signal (w = 1) and bounded=False dropping the clip. Every other
+    generated token gets the plain A, every token off gen_mask 0. No gradient flows through Â.
     """
-    gen = gen_mask.bool()
-    selected = torch.zeros_like(gen)
-    if use_search:
-        selected |= action_kind == KIND_IDS["search"]
-    if use_answer:
-        selected |= action_kind == KIND_IDS["answer"]
-    selected &= gen
-    if keep_mask is not None:
-        selected &= ~keep_mask.bool()
-    A = adv.detach().float()[:, None].expand_as(logp_student)          # [N, T]
-    gap = (logp_teacher - logp_student).detach().float()               # [N, T]
+    A = adv.detach().float()[:, None].expand_as(gap)                  # [N, T]
+    gap = gap.detach().float()                                        # [N, T]
     w = torch.exp(torch.sign(A) * gap)
     if bounded:
         w = w.clamp(1.0 - eps, 1.0 + eps)
-    w = torch.where(selected & (gap.abs() >= tau), w, torch.ones_like(w))
-    token_adv = torch.where(gen, A * w, torch.zeros_like(A))
+    w = torch.where(mask.bool() & (gap.abs() >= tau), w, torch.ones_like(w))
+    return torch.where(gen_mask.bool(), A * w, torch.zeros_like(A))   # [N, T]
+
+
+# ----------------------------------------------------------------------------- what it did
+@torch.no_grad()
+def gap_stats(adv, gap, token_adv, gen_mask, action_kind):
+    """What the correction did on a batch, for the training log: the fraction of generated tokens
+    whose advantage it changed and, per action kind, the mean and max |g|, the mean w = Â / A,
+    and the mean g on episodes with A > 0 and with A < 0."""
+    gen = gen_mask.bool()
+    A = adv.float()[:, None].expand_as(token_adv)
+    w = torch.where(A != 0, token_adv / torch.where(A == 0, 1.0, A), torch.ones_like(A))
     stats = {"modulated_frac": ((w != 1) & gen).sum().item() / max(gen.sum().item(), 1)}
     for name, k in KIND_IDS.items():
         span = gen & (action_kind == k)
@@ -226,37 +256,4 @@ def evisd_advantages(adv, logp_student, logp_teacher, gen_mask, action_kind, eps
         for sign, sel in (("pos", A > 0), ("neg", A < 0)):
             gs = gap[span & sel]
             stats[f"{name}_gap_{sign}"] = gs.mean().item() if gs.numel() else None
-    return token_adv, stats
-
-
-def decision_tags(rollouts, tokenizer):
-    """[N, T] bool: the tokens of each action span that complete its opening tag, the decision
-    to search or to answer (model.tag_length, as the rollout finds spans)."""
-    mask = torch.zeros_like(rollouts.gen_mask, dtype=torch.bool)
-    for i, spans in enumerate(rollouts.spans):
-        for start, end, kind, _ in spans:
-            if kind in KIND_IDS:
-                ids = rollouts.input_ids[i, start:end].tolist()
-                mask[i, start:start + M.tag_length(tokenizer, ids, kind)] = True
-    return mask
-
-
-def step_advantages(model, tokenizer, cfg, world, rollouts, adv, logp_student, rows=None):
-    """The token advantages one training step computes from train.py's constants ``cfg``, the one
-    function training, the report card (credit.py) and the preview (evaluate.py --show) call.
-    GRPO: Â = A on every generated token, no teacher. EviSD: the teacher's log-probs on the
-    episodes in ``rows`` (by default those with A != 0: A = 0 gives Â = 0 whatever the teacher
-    says), then Â. Returns (token_adv [N, T], stats, logp_teacher [N, T]); where no teacher
-    scored, logp_teacher is the student's (a zero gap)."""
-    if cfg["METHOD"] == "grpo":
-        gen = rollouts.gen_mask.to(adv.device)
-        return adv[:, None] * gen, {}, logp_student.detach().float()
-    privilege = Privilege.from_config(cfg)
-    rows = adv.nonzero().squeeze(1).tolist() if rows is None else rows
-    lp_teacher = teacher_scores(model, rollouts, world, tokenizer, logp_student, rows, privilege,
-                                cfg["TEMPERATURE"])
-    keep = decision_tags(rollouts, tokenizer).to(adv.device) if privilege.span == "content" else None
-    token_adv, stats = evisd_advantages(
-        adv, logp_student, lp_teacher, rollouts.gen_mask.to(adv.device), rollouts.action_kind.to(adv.device),
-        cfg["EVISD_EPS"], cfg["EVISD_TAU"], privilege.evidence, privilege.answer, cfg["BOUNDED"], keep)
-    return token_adv, stats, lp_teacher
+    return stats

@@ -1,13 +1,10 @@
 """GRPO: group-relative outcome advantages and the clipped per-token policy loss.
 
 Both are pure functions of tensors, so they can be read beside the papers and tested alone.
-``SyncedPolicy`` is the policy's log-prob forward that feeds the loss, as a module DDP can wrap.
 GRPO (Shao et al., 2024, DeepSeekMath) samples a group of answers per question and uses the
 reward's z-score inside the group as every token's advantage; no value model is trained.
 """
 import torch
-
-import model as M
 
 
 def group_advantages(rewards, group_size, eps=1e-4):
@@ -60,13 +57,3 @@ def policy_loss(logp, old_logp, ref_logp, token_adv, mask, clip_eps=0.2, kl_coef
              "ratio": ((ratio.detach() * mask).sum() / n_tokens).item()}
     return loss, stats
 
-
-class SyncedPolicy(torch.nn.Module):
-    """The policy's log-prob forward as a module, so DDP can wrap it and sync gradients."""
-
-    def __init__(self, lm):
-        super().__init__()
-        self.lm = lm
-
-    def forward(self, input_ids, attention_mask, score_mask, temperature=1.0):
-        return M.token_logprobs(self.lm, input_ids, attention_mask, score_mask, temperature=temperature)

@@ -26,18 +26,19 @@ from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, 
 from transformers import (AutoModelForCausalLM, AutoTokenizer, DynamicCache, GenerationConfig,
                           GenerationMixin, PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM)
 
-import search_env as se
-import toy_world as tw
+from search_env import (ANSWER, ANSWER_END, INSTRUCTION, INVALID_OBSERVATION, SEARCH, SEARCH_END,
+                        TAGS, Question, SearchEnv, format_information, parse_action, step_all)
+from toy_world import SYLLABLES, expert_episode, make_world
 
 SPECIAL_TOKENS = ["<pad>", "<bos>", "<eos>", "<unk>"]
 KIND_IDS = {"search": 1, "answer": 2}  # values of action_kind; 0 = not inside an action span
-STOP_STRINGS = (se.SEARCH_END, se.ANSWER_END)   # a turn ends at the first of these
+STOP_STRINGS = (SEARCH_END, ANSWER_END)   # a turn ends at the first of these
 # generate's KV-cache argument: renamed from past_key_values to cache in transformers 5.x.
 CACHE_KWARG = ("cache" if "cache" in inspect.signature(GenerationMixin.prepare_inputs_for_generation).parameters
                else "past_key_values")
 
 # hidden, layers, heads, kv heads, mlp width. tiny 0.54M parameters (its MLP twice, not three times, the
-# width: it learns to copy sooner, docs/warmup-probes.md), small ~ 5M.
+# width: it learns to copy sooner, lab/results/warmup-probes.md), small ~ 5M.
 SIZES = {"tiny": (128, 3, 4, 2, 256), "small": (256, 6, 8, 4, 768), "base": (512, 8, 8, 4, 1536)}
 
 
@@ -45,13 +46,13 @@ SIZES = {"tiny": (128, 3, 4, 2, 256), "small": (256, 6, 8, 4, 768), "base": (512
 def tokenizer_texts(seeds=(0, 1, 2, 3)):
     """Training text for the tokenizer: documents, questions and expert transcripts of a few
     worlds, plus every syllable on its own so each is a learnable piece."""
-    texts = [se.INSTRUCTION, " ".join(tw.SYLLABLES), se.INVALID_OBSERVATION]
+    texts = [INSTRUCTION, " ".join(SYLLABLES), INVALID_OBSERVATION]
     for seed in seeds:
-        world = tw.make_world(seed=seed)
-        texts += [se.format_information(world.docs[i:i + 3]) for i in range(0, len(world.docs), 3)]
+        world = make_world(seed=seed)
+        texts += [format_information(world.docs[i:i + 3]) for i in range(0, len(world.docs), 3)]
         for q in world.questions[::4]:
-            ep = tw.expert_episode(q, world)
-            texts += [se.SearchEnv(world, q).prompt()] + ep.turns
+            ep = expert_episode(q, world)
+            texts += [SearchEnv(world, q).prompt()] + ep.turns
     return texts
 
 
@@ -70,7 +71,7 @@ def build_tokenizer(texts, vocab_size=768):
                                   show_progress=False)
     tok.train_from_iterator(texts, trainer)
     # Tags are plain (non-special) added tokens: one id each, and kept by decode().
-    tok.add_tokens([AddedToken(t, normalized=False) for t in se.TAGS])
+    tok.add_tokens([AddedToken(t, normalized=False) for t in TAGS])
     return PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<pad>", bos_token="<bos>",
                                    eos_token="<eos>", unk_token="<unk>")
 
@@ -104,7 +105,7 @@ def build_model(tokenizer, size="tiny", seed=0, prev_token_init=0.0):
 def prev_token_head(model, scale, back=1, frequencies=4):
     """Layer 0's first head attends to the token ``back`` positions earlier (1: the previous one), whatever
     the tokens: half an induction head, which copies a name read earlier; a random model grows one suddenly,
-    after a plateau as long as its seed's luck (docs/warmup-probes.md; back=2 helps as much). RoPE turns
+    after a plateau as long as its seed's luck (lab/results/warmup-probes.md; back=2 helps as much). RoPE turns
     pair (j, j + d/2) by position * theta_j, so key bias (scale, 0) and query bias scale * e^(-i back theta_j)
     on the fastest pairs score key n for query m by scale^2 * sum_j cos((m - n - back) theta_j), highest at
     n = m - back. All else starts as HF draws it."""
@@ -168,12 +169,12 @@ def save_checkpoint_dir(model, tokenizer, path):
 def render_prompt(tokenizer, question):
     """The instruction and the question: plain text for the embedded model, or through the
     chat template for an instruct model that has one."""
-    text = question.question if isinstance(question, se.Question) else str(question)
+    text = question.question if isinstance(question, Question) else str(question)
     if getattr(tokenizer, "chat_template", None):
-        messages = [{"role": "system", "content": se.INSTRUCTION},
+        messages = [{"role": "system", "content": INSTRUCTION},
                     {"role": "user", "content": f"question: {text}"}]
         return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
-    return f"{se.INSTRUCTION}\nquestion: {text}\n"
+    return f"{INSTRUCTION}\nquestion: {text}\n"
 
 
 # ----------------------------------------------------------------------------- transcripts
@@ -216,7 +217,7 @@ def action_start(tokenizer, turn_ids, text, kind):
     opening tag (a valid turn has exactly one, see search_env.parse_action). None otherwise."""
     if kind not in KIND_IDS:
         return None
-    return token_at(tokenizer, turn_ids, text.rindex(se.SEARCH if kind == "search" else se.ANSWER))
+    return token_at(tokenizer, turn_ids, text.rindex(SEARCH if kind == "search" else ANSWER))
 
 
 def tag_length(tokenizer, span_ids, kind):
@@ -224,7 +225,7 @@ def tag_length(tokenizer, span_ids, kind):
     search or to answer: one for the embedded tokenizer, often several for a pretrained one,
     counted in the decoded span as the rollout finds spans (a token may also hold text after
     the tag)."""
-    tag = se.SEARCH if kind == "search" else se.ANSWER
+    tag = SEARCH if kind == "search" else ANSWER
     return token_at(tokenizer, span_ids, tokenizer.decode(span_ids).index(tag) + len(tag) - 1) + 1
 
 
@@ -232,7 +233,7 @@ def encode_episode(tokenizer, prompt, turns, observations):
     """A Transcript of a finished episode given as text (expert demonstrations, tests)."""
     tr = Transcript(tokenizer.encode(prompt, add_special_tokens=False))
     for i, (turn, obs) in enumerate(zip(turns, observations)):
-        kind = se.parse_action(turn).kind
+        kind = parse_action(turn).kind
         ids = tokenizer.encode(turn, add_special_tokens=False)
         tr.add_turn(ids, kind, i, action_start(tokenizer, ids, tokenizer.decode(ids), kind))
         if obs:
@@ -277,9 +278,9 @@ class Rollouts:
 
 
 @torch.no_grad()
-def rollout(model, tokenizer, env_factory, questions, group_size=1, max_turns=4,
-            max_new_tokens=64, temperature=1.0, greedy=False):
-    """Play ``len(questions) * group_size`` episodes, one batched ``generate`` per turn.
+def rollout(policy, tokenizer, envs, max_new_tokens=64, temperature=1.0, greedy=False):
+    """Play one episode per env (search_env.episodes: each question GROUP_SIZE times in a row),
+    one batched ``generate`` per turn, for at most the envs' ``max_turns`` turns.
 
     Each sequence stops at ``</search>``, ``</answer>`` or eos; its turn is cut after the token
     that completes the stop string, the text goes to its env, and the observation's ids are
@@ -289,12 +290,12 @@ def rollout(model, tokenizer, env_factory, questions, group_size=1, max_turns=4,
     the batch as masked holes. That is safe because generate takes position ids from the mask's
     running sum, so a sequence sees the positions of its right-padded transcript in training.
     Finished episodes leave the batch and the cache. No old-policy log-probs: with one batch per
-    update they come free from the first PPO epoch's forward (train.py).
+    update they come free from the policy's forward in train.rl_step.
     """
-    device = next(model.parameters()).device
+    device = next(policy.parameters()).device
     pad_id = tokenizer.pad_token_id
     # eos, and any other end-of-text id the model's own generation config lists (Qwen: two)
-    model_eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
+    model_eos = getattr(getattr(policy, "generation_config", None), "eos_token_id", None)
     eos_ids = {tokenizer.eos_token_id, *(model_eos if isinstance(model_eos, list) else [model_eos])} - {None}
     # Every sampling knob is pinned: generate fills unset ones from the model's own
     # generation_config (an instruct model ships top_k, top_p, repetition_penalty), and the loss
@@ -303,23 +304,22 @@ def rollout(model, tokenizer, env_factory, questions, group_size=1, max_turns=4,
         max_new_tokens=max_new_tokens, do_sample=not greedy, temperature=temperature if not greedy else None,
         top_k=0 if not greedy else None, top_p=1.0 if not greedy else None, repetition_penalty=1.0,
         stop_strings=list(STOP_STRINGS), eos_token_id=sorted(eos_ids), pad_token_id=pad_id)
-    episodes = [q for q in questions for _ in range(group_size)]
-    envs = [env_factory(q) for q in episodes]
+    questions = [env.question for env in envs]
     transcripts = [Transcript(tokenizer.encode(render_prompt(tokenizer, q), add_special_tokens=False))
-                   for q in episodes]
-    turn_texts = [[] for _ in episodes]
+                   for q in questions]
+    turn_texts = [[] for _ in envs]
     ids, mask = _left_pad([t.ids for t in transcripts], pad_id)   # [B, L]: row r plays episode rows[r]
-    rows, cache = list(range(len(episodes))), DynamicCache()
-    was_training = model.training
-    model.eval()
-    for turn in range(max_turns):
-        out = model.generate(input_ids=ids.to(device), attention_mask=mask.to(device), tokenizer=tokenizer,
+    rows, cache = list(range(len(envs))), DynamicCache()
+    was_training = policy.training
+    policy.eval()
+    for turn in range(max(env.max_turns for env in envs)):
+        out = policy.generate(input_ids=ids.to(device), attention_mask=mask.to(device), tokenizer=tokenizer,
                              generation_config=gen_config, **{CACHE_KWARG: cache}).cpu()
         new = out[:, ids.shape[1]:]
         kept = torch.zeros_like(new)          # 1 where a generated token belongs to its transcript
         observations = []
         cuts = [cut_turn(tokenizer, new[r].tolist(), eos_ids, pad_id) for r in range(len(rows))]
-        results = se.step_all([envs[i] for i in rows], [text for _, text in cuts])  # one retrieval call per turn
+        results = step_all([envs[i] for i in rows], [text for _, text in cuts])  # one retrieval call per turn
         for r, (i, (tokens, text), result) in enumerate(zip(rows, cuts, results)):
             kept[r, :len(tokens)] = 1
             turn_texts[i].append(text)
@@ -337,11 +337,11 @@ def rollout(model, tokenizer, env_factory, questions, group_size=1, max_turns=4,
         if len(going) < len(rows):
             cache.batch_select_indices(torch.tensor(going, device=device))
         rows = [rows[r] for r in going]
-    model.train(was_training)
+    policy.train(was_training)
     batch = collate(transcripts, pad_id)
     return Rollouts(**batch, rewards=torch.tensor([e.reward for e in envs]),
-                    answers=[e.answer for e in envs], turn_texts=turn_texts, turns=torch.tensor([e.turns for e in envs]),
-                    questions=episodes)
+                    answers=[e.answer for e in envs], turns=torch.tensor([e.turns for e in envs]),
+                    questions=questions, turn_texts=turn_texts)
 
 
 def _left_pad(rows, pad_id):

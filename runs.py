@@ -1,7 +1,8 @@
 """Run plumbing, so that train.py can be the loop: the config (``--NAME=value`` overrides and
 preset files, checked against a schema the caller hands in), the device, seeds, the run
 directory, checkpoints written atomically, rotated and read back, resume checks, and the
-metrics log. Used by train.py, evaluate.py, bench.py and docs/gpu_check.py.
+metrics log; and ``lab``, the one way the core reaches into the lab folder. Used by train.py,
+warmup.py, evaluate.py and the lab.
 
 A checkpoint is a plain Hugging Face directory (model and tokenizer) with ``state.pt`` beside
 them (optimizer, step, config, RNG states); a run directory holds ``ckpt-NNNNNN`` checkpoints
@@ -9,6 +10,7 @@ them (optimizer, step, config, RNG states); a run directory holds ``ckpt-NNNNNN`
 """
 import ast
 import hashlib
+import importlib
 import json
 import os
 import random
@@ -22,7 +24,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-import model as M
+import model
 
 
 # ----------------------------------------------------------------------------- the config
@@ -42,7 +44,7 @@ def fraction():
 class Schema:
     """What a config may hold beyond the defaults' types: ``choices`` (allowed values), ``limits``
     (name -> (test, what is allowed), checked after auto values are resolved), ``auto`` (name ->
-    (embedded model's value, HF model's value), used where the value is -1) and ``checks``."""
+    (embedded model's value, HF model's value), used where the value is "auto") and ``checks``."""
     choices: dict = field(default_factory=dict)
     limits: dict = field(default_factory=dict)
     auto: dict = field(default_factory=dict)
@@ -56,11 +58,16 @@ def check_setting(name, value, text, defaults, schema, where=""):
     if name not in defaults:
         raise SystemExit(f"{where}unknown setting {name!r}; allowed: {', '.join(sorted(defaults))}")
     default = defaults[name]
+    if name in schema.auto:          # "auto", or a number of the type its auto values have
+        if value == "auto":
+            return value
+        default = schema.auto[name][0]
     if isinstance(default, float) and isinstance(value, int) and not isinstance(value, bool):
         value = float(value)
     if type(value) is not type(default):
+        like = f"like {default!r} or \"auto\"" if name in schema.auto else f"like the default {default!r}"
         raise SystemExit(f"{where}{name}={text!r}: expected {type(default).__name__} "
-                         f"like the default {default!r}, got {type(value).__name__}")
+                         f"{like}, got {type(value).__name__}")
     if name in schema.choices and value not in schema.choices[name]:
         raise SystemExit(f"{where}{name}={value!r}: allowed values are {', '.join(schema.choices[name])}")
     return value
@@ -96,9 +103,10 @@ def read_config_file(path, defaults, schema):
 
 
 def parse_overrides(argv, defaults, schema):
-    """Config files (``config/NAME.py``) and ``--NAME=value`` overrides, applied in order (a later one wins) and
-    type-checked against the defaults; also ``--resume`` and ``--overwrite``. Auto values (-1) are resolved for the
-    model, then every limit is checked, all before any work starts. Returns (config, resume, overwrite)."""
+    """Config files (``config/NAME.py``) and ``--NAME=value`` overrides, applied in order (a
+    later one wins) and type-checked against the defaults; also ``--resume`` and ``--overwrite``.
+    Then ``resolve_auto`` and every limit, all before any work starts.
+    Returns (config, resume, overwrite)."""
     config, flags = dict(defaults), set()
     for arg in argv:
         if arg in ("--resume", "--overwrite"):
@@ -117,23 +125,49 @@ def parse_overrides(argv, defaults, schema):
                              "(config/NAME.py), --resume or --overwrite")
     if flags == {"resume", "overwrite"}:
         raise SystemExit("--resume continues the run in OUT_DIR and --overwrite deletes it: give one")
-    embedded = config["MODEL"] in M.SIZES
-    for name, (for_embedded, for_hf) in schema.auto.items():      # -1 = auto, resolved once, here
-        if config[name] == -1:
-            config[name] = for_embedded if embedded else for_hf
+    device = config["DEVICE"]
+    if not (device in ("auto", "cpu", "cuda") or re.fullmatch(r"cuda:\d+", device)):
+        raise SystemExit(f"DEVICE={device!r}: allowed values are auto, cpu, cuda, cuda:N")
+    resolve_auto(config, schema)
     for name, (test, allowed) in schema.limits.items():
         if not test(config[name]):
             raise SystemExit(f"{name}={config[name]!r}: allowed values are {allowed}"
-                             + (" (or -1: auto)" if name in schema.auto else ""))
-    device = config.get("DEVICE", "cpu")
-    if not (device in ("auto", "cpu", "cuda") or re.fullmatch(r"cuda:\d+", device)):
-        raise SystemExit(f"DEVICE={device!r}: allowed values are auto, cpu, cuda, cuda:N")
-    if not embedded and os.path.isdir(config["MODEL"]) and not os.path.exists(os.path.join(config["MODEL"], "config.json")):
-        raise SystemExit(f"MODEL={config['MODEL']!r}: this directory has no config.json, so it is not a "
-                         f"Hugging Face model directory; the embedded models are {', '.join(M.SIZES)}")
+                             + (" (or auto)" if name in schema.auto else ""))
+    embedded = config["MODEL"] in model.SIZES
+    path = config["MODEL"]
+    if not embedded and os.path.isdir(path) and not os.path.exists(os.path.join(path, "config.json")):
+        raise SystemExit(f"MODEL={path!r}: this directory has no config.json, so it is not a "
+                         f"Hugging Face model directory; the embedded models are {', '.join(model.SIZES)}")
     for check in schema.checks:        # last: a check may read files (real_data.check_config)
         check(config)
     return config, "resume" in flags, "overwrite" in flags
+
+
+def resolve_auto(config, schema):
+    """Every "auto" setting made concrete, here and nowhere else: the learning rates and warm-up
+    settings for the model (``schema.auto``: the embedded model's value or an HF model's), the
+    device (CUDA if there is one) and the compute dtype (bf16 on a CUDA device that has it)."""
+    embedded = config["MODEL"] in model.SIZES
+    for name, (for_embedded, for_hf) in schema.auto.items():
+        if config[name] == "auto":
+            config[name] = for_embedded if embedded else for_hf
+    if config["DEVICE"] == "auto":
+        config["DEVICE"] = "cuda" if torch.cuda.is_available() else "cpu"
+    if config["DTYPE"] == "auto":
+        bf16 = config["DEVICE"].startswith("cuda") and torch.cuda.is_bf16_supported()
+        config["DTYPE"] = "bfloat16" if bf16 else "float32"
+
+
+def lab(module, feature):
+    """``lab.<module>``, imported where ``feature`` switches it on: the one way the core reaches
+    the lab. Without the lab folder, one line saying what the feature needs."""
+    try:
+        return importlib.import_module(f"lab.{module}")
+    except ModuleNotFoundError as e:
+        if e.name not in ("lab", f"lab.{module}"):
+            raise
+        raise SystemExit(f"{feature} needs lab/{module}.py, the lab folder, which this checkout "
+                         "does not have") from None
 
 
 # ----------------------------------------------------------------------------- processes, device, seeds
@@ -141,8 +175,8 @@ def setup(cfg):
     """Processes, device and threads: (rank, world_size, device, dtype). Under torchrun each
     process is a rank of a data-parallel group (NCCL on CUDA, gloo on the CPU)."""
     if "RANK" in os.environ and "WORLD_SIZE" in os.environ:
-        dist.init_process_group("nccl" if torch.cuda.is_available() and cfg["DEVICE"] != "cpu" else "gloo")
-    rank, world_size = (dist.get_rank(), dist.get_world_size()) if dist.is_initialized() else (0, 1)
+        dist.init_process_group("nccl" if cfg["DEVICE"].startswith("cuda") else "gloo")
+    rank, world_size = rank_and_size()
     if cfg["QUESTIONS_PER_STEP"] % world_size:
         raise SystemExit(f"QUESTIONS_PER_STEP={cfg['QUESTIONS_PER_STEP']} must divide by the {world_size} processes")
     if dist.is_initialized() and rank == 0:
@@ -151,6 +185,11 @@ def setup(cfg):
     # The cores are split between the ranks; OMP_NUM_THREADS, when set, wins.
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", 0)) or max(1, (os.cpu_count() or 1) // world_size))
     return rank, world_size, device, dtype
+
+
+def rank_and_size():
+    """(this process's rank, the number of processes): (0, 1) outside torchrun."""
+    return (dist.get_rank(), dist.get_world_size()) if dist.is_initialized() else (0, 1)
 
 
 def average_over_ranks(metrics, keys, device):
@@ -162,17 +201,22 @@ def average_over_ranks(metrics, keys, device):
 
 
 def pick_device(cfg):
-    """(device, compute dtype) from DEVICE and DTYPE; under torchrun each rank takes its GPU."""
-    if cfg["DEVICE"] == "auto":
-        device = "cuda" if torch.cuda.is_available() else "cpu"
-    else:
-        device = cfg["DEVICE"]
+    """(device, compute dtype) from DEVICE and DTYPE (resolved: resolve_auto); under torchrun
+    each rank takes its GPU."""
+    device = cfg["DEVICE"]
     if device.startswith("cuda") and dist.is_initialized():
         device = f"cuda:{int(os.environ.get('LOCAL_RANK', 0))}"
-    dtype = cfg["DTYPE"]
-    if dtype == "auto":
-        dtype = "bfloat16" if device.startswith("cuda") and torch.cuda.is_bf16_supported() else "float32"
-    return torch.device(device), getattr(torch, dtype)
+    return torch.device(device), getattr(torch, cfg["DTYPE"])
+
+
+def all_reduce_gradients(policy):
+    """Average the gradients over the ranks of a data-parallel run (what DDP does, in the open):
+    every rank then takes the same optimizer step and the weights stay identical."""
+    world_size = dist.get_world_size()
+    for p in policy.parameters():
+        if p.grad is not None:
+            dist.all_reduce(p.grad)
+            p.grad /= world_size
 
 
 def seed_everything(*parts):
@@ -202,11 +246,11 @@ def set_rng_states(states):
 
 
 # ----------------------------------------------------------------------------- checkpoints
-def atomic_save(path, model, tokenizer, state):
+def atomic_save(path, policy, tokenizer, state):
     """Write a checkpoint directory under a temporary name, then rename it into place."""
     tmp = path + ".tmp"
     shutil.rmtree(tmp, ignore_errors=True)
-    M.save_checkpoint_dir(model, tokenizer, tmp)
+    model.save_checkpoint_dir(policy, tokenizer, tmp)
     torch.save(state, os.path.join(tmp, "state.pt"))
     old = path + ".old"
     if os.path.exists(path):
@@ -215,9 +259,9 @@ def atomic_save(path, model, tokenizer, state):
     shutil.rmtree(old, ignore_errors=True)
 
 
-def load_weights(lm, path):
-    """Copy the weights of the HF checkpoint at ``path`` into ``lm`` in place."""
-    lm.load_state_dict(M.AutoModelForCausalLM.from_pretrained(path).state_dict())
+def load_weights(policy, path):
+    """Copy the weights of the HF checkpoint at ``path`` into ``policy`` in place."""
+    policy.load_state_dict(model.load_model(path, local_files_only=True)[0].state_dict())
 
 
 def checkpoints(out_dir):
@@ -236,19 +280,19 @@ def prune_checkpoints(out_dir, keep=2):
             shutil.rmtree(os.path.join(out_dir, name), ignore_errors=True)
 
 
-def save_checkpoint(out_dir, step, model, tokenizer, state):
+def save_checkpoint(out_dir, step, policy, tokenizer, state):
     """``ckpt-<step>`` in ``out_dir`` with ``state`` and the RNG states; the last two are kept."""
-    atomic_save(os.path.join(out_dir, f"ckpt-{step:06d}"), model, tokenizer,
+    atomic_save(os.path.join(out_dir, f"ckpt-{step:06d}"), policy, tokenizer,
                 dict(state, step=step, rng=rng_states()))
     prune_checkpoints(out_dir)
 
 
-def restore(resumed, lm, opt, rank):
+def restore(resumed, policy, optimizer, rank):
     """Put a checkpoint's weights, optimizer and RNG states in place: (start step, bad steps).
     ``resumed`` is what load_checkpoint returned."""
-    ckpt, ckpt_lm, _, state = resumed
-    lm.load_state_dict(ckpt_lm.state_dict())
-    opt.load_state_dict(state["optimizer"])
+    ckpt, ckpt_policy, _, state = resumed
+    policy.load_state_dict(ckpt_policy.state_dict())
+    optimizer.load_state_dict(state["optimizer"])
     set_rng_states(state["rng"])
     if rank == 0:
         print(f"resumed from {ckpt} at step {state['step']}")
@@ -261,12 +305,12 @@ def load_checkpoint(out_dir):
     One whose weights, tokenizer or state.pt are missing or damaged is named and the one before it is tried (two are kept)."""
     for path in reversed(checkpoints(out_dir)):
         try:
-            lm, tok = M.load_model(path, local_files_only=True)
+            policy, tok = model.load_model(path, local_files_only=True)
             state = torch.load(os.path.join(path, "state.pt"), weights_only=False)
             missing = [k for k in ("step", "bad_steps", "optimizer", "rng", "config") if k not in state]
             if missing:
                 raise KeyError(f"state.pt has no {', '.join(missing)}")
-            return path, lm, tok, state
+            return path, policy, tok, state
         # A damaged file fails in many ways (OSError, a zip, pickle or safetensors error, ...): any means it is unusable.
         except Exception as e:
             why = (str(e).strip().splitlines() or [""])[0]
@@ -281,14 +325,14 @@ def load_run(run_dir, with_path=False):
     appends the path of the checkpoint read."""
     path = run_dir
     if os.path.exists(os.path.join(run_dir, "state.pt")):
-        lm, tok = M.load_model(run_dir, local_files_only=True)
+        policy, tok = model.load_model(run_dir, local_files_only=True)
         state = torch.load(os.path.join(run_dir, "state.pt"), weights_only=False)
     else:
         found = load_checkpoint(run_dir)
         if found is None:
             raise SystemExit(f"{run_dir}: no readable checkpoint (ckpt-*) found; has it trained?")
-        path, lm, tok, state = found
-    out = lm.eval(), tok, state["config"], state.get("sft_path")
+        path, policy, tok, state = found
+    out = policy.eval(), tok, state["config"], state.get("sft_path")
     return out + (path,) if with_path else out
 
 
@@ -312,7 +356,7 @@ def open_run(cfg, resume, overwrite, run_keys, rank):
     resumed = load_checkpoint(out) if resume else None
     if resumed:
         check_resume_config(resumed[3]["config"], cfg, resumed[0], run_keys, rank)
-        c, want = resumed[1].config, M.SIZES.get(cfg["MODEL"])   # model.SIZES may change with the code
+        c, want = resumed[1].config, model.SIZES.get(cfg["MODEL"])   # SIZES may change with the code
         if want and want != (c.hidden_size, c.num_hidden_layers, c.num_attention_heads, c.num_key_value_heads,
                              c.intermediate_size):
             raise SystemExit(f"--resume: {resumed[0]} holds a {cfg['MODEL']} model of another shape than today's "

@@ -11,8 +11,9 @@ demonstrator and its oracle are in toy_world.py.
 * ``exact_match`` is the reward (SQuAD normalisation); ``f1_score`` is HotpotQA's answer F1.
 
 A retriever is anything with ``search(query, k)`` and ``search_batch(queries, k)`` returning
-``Doc`` lists: a ``World`` (BM25 over its corpus), or one of real_data.py's (a question's own
-paragraphs, Search-R1's retrieval server). ``SearchEnv`` is given one and never asks which.
+``Doc`` lists: a ``World`` (BM25 over its corpus), or one of lab/real_data.py's (a question's own
+paragraphs, Search-R1's retrieval server). ``SearchEnv`` is given one and never asks which;
+``episodes`` makes the envs of a batch.
 """
 import array
 import re
@@ -118,12 +119,22 @@ class World:
         return [self.search(q, k) for q in queries]
 
     def retriever(self, question):
-        """What serves a question's searches: here the whole corpus. real_data.py's worlds give
-        a HotpotQA question its own paragraphs, or send every search to a retrieval server."""
+        """What serves a question's searches: here the whole corpus. lab/real_data.py's worlds
+        give a HotpotQA question its own paragraphs, or send every search to a retrieval server."""
         return self
 
     def evidence_docs(self, question):
+        """The gold evidence EviSD's teacher reads before a search action."""
         return [self.doc_by_id[i] for i in question.evidence]
+
+    def oracle_labels(self, question, turns, top_k=3):
+        """The oracle's grade of each generated turn (toy_world.ToyWorld has one); None: no oracle."""
+        return None
+
+
+class RetrieverError(SystemExit):
+    """A retriever that failed for good (a retrieval server that stopped answering): train.py
+    saves a checkpoint, then stops with this one-line message."""
 
 
 # ----------------------------------------------------------------------------- BM25
@@ -296,6 +307,12 @@ class SearchEnv:
         else:
             obs = INVALID_OBSERVATION
         return StepResult(obs, False, 0.0, action)
+
+
+def episodes(world, questions, group_size=1, max_turns=4, top_k=3):
+    """One SearchEnv per episode: each question ``group_size`` times in a row, searching the
+    retriever its world gives it. model.rollout plays them as one batch."""
+    return [SearchEnv(world.retriever(q), q, max_turns, top_k) for q in questions for _ in range(group_size)]
 
 
 def step_all(envs, turn_texts):

@@ -8,11 +8,13 @@ and the oracle that knows which of an agent's actions were good.
 * ``expert_episode`` writes demonstrations through the real env (search_env.SearchEnv) for
   the supervised warm-up, with the slips and habits a warm-up should leave for RL to fix.
 * ``label_actions`` grades each generated action against the truth the world knows: the
-  oracle that EviSD's teacher is measured against (credit.py).
+  oracle that EviSD's teacher is measured against (lab/credit.py); ``label_shares`` turns a
+  batch's labels into the shares train.py logs beside every RL step.
 
 Run ``python toy_world.py`` for a ten-second tour of a world.
 """
 import random
+from collections import defaultdict
 from dataclasses import dataclass, field
 
 from search_env import (ANSWER, ANSWER_END, SEARCH, SEARCH_END, THINK, THINK_END, Doc, Question,
@@ -202,7 +204,14 @@ def make_world(seed=0, n_people=SIZES["n_people"], n_cities=SIZES["n_cities"],
                 qid=f"w{seed}-q{len(questions):04d}", question=template.format(subject),
                 answers=[entity], evidence=[doc_id[e] for e in queries], hops=hops, split=split,
                 hop_queries=queries, hop_facts=sentences))
-    return World(docs, questions, seed=seed)
+    return ToyWorld(docs, questions, seed=seed)
+
+
+class ToyWorld(World):
+    """A synthetic world: a World whose oracle knows which actions were good."""
+
+    def oracle_labels(self, question, turns, top_k=3):
+        return label_actions(question, self, turns, top_k)
 
 
 # ----------------------------------------------------------------------------- expert demonstrations
@@ -323,7 +332,7 @@ def label_actions(question, world, turns, top_k=3):
     been retrieved, searching is right while one has not.
     A search on the last allowed turn, which the env no longer runs, is graded by what it would
     retrieve (BM25 is deterministic): the label grades the query. Returns None for questions
-    without an oracle chain (real data has its own: real_data.label_actions).
+    without an oracle chain (real data has its own: lab/real_data.py's label_actions).
     """
     if not question.hop_queries:
         return None
@@ -352,6 +361,31 @@ def label_actions(question, world, turns, top_k=3):
         else:
             labels.append(ActionLabel("invalid", "invalid", None))
     return labels
+
+
+def label_shares(labels):
+    """What the policy does, as shares of a batch's actions: each search label among searches,
+    each answer label among answers, wrong decisions among actions, invalid turns among turns.
+    ``labels``: one list of ActionLabels per episode (None: no oracle). The learning curves of
+    lab/curves.py read these from metrics.jsonl."""
+    counts = defaultdict(int)
+    for episode in labels:
+        for a in episode or []:
+            if a.label is None:            # real data that cannot say (lab/real_data.py)
+                continue
+            counts[a.kind] += 1
+            counts[f"{a.kind}_{a.label}"] += 1
+            counts["decision_wrong"] += a.decision_ok is False
+    turns = counts["search"] + counts["answer"] + counts["invalid"]
+    out = {}
+    for kind, names in (("search", ("hit", "partial", "repeat", "miss")),
+                        ("answer", ("correct", "premature", "wrong"))):
+        for name in names:
+            share = counts[f"{kind}_{name}"] / counts[kind] if counts[kind] else None
+            out[f"label_{kind}_{name}"] = share
+    out["label_decision_wrong"] = counts["decision_wrong"] / max(turns - counts["invalid"], 1)
+    out["label_invalid"] = counts["invalid"] / max(turns, 1)
+    return out
 
 
 # ----------------------------------------------------------------------------- tour

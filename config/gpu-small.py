@@ -1,7 +1,7 @@
 """The embedded `small` model (~5M parameters, built offline) with a longer run, for one GPU: 1800
 warm-up steps (fresh worlds, as measured), three times the RL steps and twice the questions per
 step of the CPU default, and every held-out question in the evaluations. Learning rates stay
-auto (the embedded model's, tuned on `tiny`). On one H200 (docs/gpu-check-h200.md) the warm-up
+auto (the embedded model's, tuned on `tiny`). On one H200 (lab/results/gpu-check-h200.md) the warm-up
 ran at 0.19-0.26 s per step and an RL step at 5.0 s: about 21-23 minutes for the whole run, plus
 its evaluations; whether it learns more than `tiny` is not yet measured. For `base`, add
 --MODEL=base.

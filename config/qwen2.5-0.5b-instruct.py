@@ -2,7 +2,7 @@
 GRPO/EviSD at LR 1e-6 with k3 KL 0.001, 5 samples per question at temperature 1.0, up to 500
 new tokens per turn, top-3 passages, 4 turns. Tags stay text; rollouts stop at </search> and
 </answer>. A starting point, not a tuned recipe: no run with the real weights has been recorded.
-Measured on random weights of this shape (docs/gpu_check.py, docs/one-gpu.md): two updates at the
+Measured on random weights of this shape (lab/gpu_check.py, docs/one-gpu.md): two updates at the
 worst case (40 episodes of 2,570 tokens) peak at 25.3 GB with GRADIENT_CHECKPOINTING, and run
 out of memory at 140 GB without it. On a 24 GB card, halve QUESTIONS_PER_STEP.
 

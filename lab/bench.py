@@ -1,15 +1,16 @@
 """Measure what EviSD costs beside GRPO, and what multi-turn rollouts cost beside one generate.
 
-    python bench.py                       # tiny and small embedded configs, random weights
-    python bench.py --model out/sft-XXXX  # a trained checkpoint: real episode lengths and actions
-    python bench.py --sizes tiny --repeats 3
-    python bench.py --sizes tiny --GROUP_SIZE=4 --json out/bench.json   # train.py overrides; rows as JSON
+    python lab/bench.py                       # tiny and small embedded configs, random weights
+    python lab/bench.py --model out/sft-XXXX  # a trained checkpoint: real episode lengths, actions
+    python lab/bench.py --sizes tiny --repeats 3
+    python lab/bench.py --sizes tiny --GROUP_SIZE=4 --json out/bench.json   # train.py overrides
 
 For each config, on one batch of QUESTIONS x GROUP episodes:
 * rollout tokens/s of ``model.rollout`` beside one plain ``model.generate`` call that writes the
   same number of tokens (forced with min_new_tokens);
 * teacher re-scoring seconds, and the update (advantages, [teacher], loss, backward, AdamW)
-  for METHOD=grpo and METHOD=evisd on the same batch, through train.update;
+  for METHOD=grpo and METHOD=evisd on the same batch: train.rl_step itself, its rollout
+  replaced by that batch;
 * the full step = rollout + update, and peak memory.
 With random weights the update batch is made of noisy expert episodes (real lengths, real action
 spans, mixed rewards), because an untrained model writes no actions for the teacher to score.
@@ -18,18 +19,22 @@ Warm-up first, then the median of ``--repeats`` timed runs. The last line prints
 import argparse
 import copy
 import json
+import os
 import resource
 import statistics
+import sys
 import time
+from unittest import mock
 
 import torch
 
-import grpo
-import model as M
-import runs
-import search_env as se
-import toy_world as tw
-import train
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import model  # noqa: E402
+import runs  # noqa: E402
+import search_env  # noqa: E402
+import toy_world  # noqa: E402
+import train  # noqa: E402
+import warmup  # noqa: E402
 
 
 def timed(fn, repeats):
@@ -42,35 +47,34 @@ def timed(fn, repeats):
     return statistics.median(times), out
 
 
-def expert_rollouts(cfg, tok, world, questions, seed=0):
-    """Noisy expert episodes packed like Rollouts: what a warmed-up policy produces."""
-    import random
-    rng = random.Random(seed)
-    episodes = [q for q in questions for _ in range(cfg["GROUP_SIZE"])]
-    eps = [tw.expert_episode(q, world, noise=0.5, rng=rng, max_turns=cfg["MAX_TURNS"],
-                              top_k=cfg["TOP_K"]) for q in episodes]
-    trs = [M.encode_episode(tok, M.render_prompt(tok, q), e.turns, e.observations) for q, e in zip(episodes, eps)]
-    return M.Rollouts(**M.collate(trs, tok.pad_token_id), rewards=torch.tensor([e.reward for e in eps]),
-                      answers=[e.answer for e in eps], turns=torch.tensor([len(e.turns) for e in eps]),
-                      questions=episodes)
+def update_seconds(cfg, policy, tok, batch, world, repeats):
+    """(median seconds, metrics) of train.rl_step on a fixed batch: its world and rollout are
+    replaced by ``world`` and ``batch``, so what is timed is the update alone."""
+    reference = copy.deepcopy(policy).eval().requires_grad_(False)
+    policy = copy.deepcopy(policy)          # the same starting weights for every method
+    optimizer = torch.optim.AdamW(policy.parameters(), lr=cfg["LR"])
+    with mock.patch.object(train, "step_world", lambda cfg, step: world), \
+            mock.patch.object(train.model, "rollout", lambda *args, **kwargs: batch):
+        seconds, (metrics, record) = timed(
+            lambda: train.rl_step(cfg, 0, policy, reference, tok, optimizer), repeats)
+    return seconds, dict(metrics, **train.measure_beside(cfg, record))
 
 
 def bench_config(name, lm, tok, cfg, device, dtype, repeats, trained):
     lm.to(device)
-    world = tw.make_world(123, scale=cfg["WORLD_SCALE"])
+    world = toy_world.make_world(123, scale=cfg["WORLD_SCALE"])
     questions = world.split("train")[:cfg["QUESTIONS_PER_STEP"]]
-    env = lambda q: se.SearchEnv(world, q, max_turns=cfg["MAX_TURNS"], top_k=cfg["TOP_K"])
 
     def do_rollout():
         torch.manual_seed(0)
-        with M.autocast(device, dtype):
-            return M.rollout(lm, tok, env, questions, cfg["GROUP_SIZE"], cfg["MAX_TURNS"],
-                             cfg["MAX_NEW_TOKENS"], cfg["TEMPERATURE"])
+        envs = search_env.episodes(world, questions, cfg["GROUP_SIZE"], cfg["MAX_TURNS"], cfg["TOP_K"])
+        with model.autocast(device, dtype):
+            return model.rollout(lm, tok, envs, cfg["MAX_NEW_TOKENS"], cfg["TEMPERATURE"])
     rollout_s, r = timed(do_rollout, repeats)
     gen_tokens = int(r.gen_mask.sum())
 
     # One plain generate call writing the same number of tokens from the same prompts.
-    prompts = [tok.encode(M.render_prompt(tok, q)) for q in questions for _ in range(cfg["GROUP_SIZE"])]
+    prompts = [tok.encode(model.render_prompt(tok, q)) for q in questions for _ in range(cfg["GROUP_SIZE"])]
     L = max(map(len, prompts))
     ids = torch.tensor([[tok.pad_token_id] * (L - len(p)) + p for p in prompts], device=device)
     mask = (ids != tok.pad_token_id).long()
@@ -78,21 +82,14 @@ def bench_config(name, lm, tok, cfg, device, dtype, repeats, trained):
 
     def do_generate():
         torch.manual_seed(0)
-        with torch.no_grad(), M.autocast(device, dtype):
+        with torch.no_grad(), model.autocast(device, dtype):
             return lm.generate(input_ids=ids, attention_mask=mask, do_sample=True, top_k=0,
                                max_new_tokens=per_row, min_new_tokens=per_row, pad_token_id=tok.pad_token_id)
     generate_s, _ = timed(do_generate, repeats)
 
-    batch = r if trained else expert_rollouts(cfg, tok, world, questions)
-    ref = copy.deepcopy(lm).eval().requires_grad_(False)
-    results = {}
-    for method in ("grpo", "evisd"):
-        c = dict(cfg, METHOD=method)
-        policy = copy.deepcopy(lm)          # the same starting weights for both methods
-        opt = torch.optim.AdamW(policy.parameters(), lr=c["LR"])
-        wrapped = grpo.SyncedPolicy(policy)
-        results[method] = timed(lambda: train.update(c, batch, world, wrapped, policy, ref, tok, opt, device, dtype),
-                                repeats)
+    batch = r if trained else warmup.expert_rollouts(cfg, tok, world, questions)
+    results = {method: update_seconds(dict(cfg, METHOD=method), lm, tok, batch, world, repeats)
+               for method in ("grpo", "evisd")}
     if device.type == "cuda":
         peak = f"{torch.cuda.max_memory_allocated() / 2**20:.0f} MiB (GPU)"
     else:
@@ -102,7 +99,7 @@ def bench_config(name, lm, tok, cfg, device, dtype, repeats, trained):
                 update_tokens=int(batch.attention_mask.sum()), gen_tokens=gen_tokens,
                 rollout_tok_s=gen_tokens / rollout_s, generate_tok_s=per_row * len(prompts) / generate_s,
                 rollout_s=rollout_s, teacher_s=ev_metrics["teacher_s"],
-                modulated_frac=ev_metrics.get("modulated_frac", 0.0),
+                modulated_frac=ev_metrics["modulated_frac"],
                 grpo_step_s=rollout_s + grpo_update, evisd_step_s=rollout_s + evisd_update, peak=peak)
 
 
@@ -119,12 +116,12 @@ def main():
     device, dtype = runs.pick_device(cfg)
     rows = []
     if args.model:
-        lm, tok = M.load_model(args.model, local_files_only=True)
+        lm, tok = model.load_model(args.model, local_files_only=True)
         rows.append(bench_config(args.model, lm, tok, cfg, device, dtype, args.repeats, trained=True))
     else:
-        tok = M.build_tokenizer(M.tokenizer_texts())
+        tok = model.build_tokenizer(model.tokenizer_texts())
         for size in args.sizes.split(","):
-            rows.append(bench_config(size, M.build_model(tok, size), tok, cfg, device, dtype,
+            rows.append(bench_config(size, model.build_model(tok, size), tok, cfg, device, dtype,
                                      args.repeats, trained=False))
     cols = ["config", "params", "episodes", "update_tokens", "rollout_tok_s", "generate_tok_s",
             "rollout_s", "teacher_s", "grpo_step_s", "evisd_step_s", "modulated_frac", "peak"]

@@ -2,8 +2,8 @@
 synthetic passages shaped like wiki-18's (a two-word title and 100 words, words drawn from a
 Zipf law over a 300k-word vocabulary, so common words have posting lists as long as the corpus).
 
-    nice -n 19 python docs/bm25_scale.py 100000      # one size per process: its peak memory is its own
-    nice -n 19 python docs/bm25_scale.py 1000000
+    nice -n 19 python lab/bm25_scale.py 100000      # one size per process: its peak memory is its own
+    nice -n 19 python lab/bm25_scale.py 1000000
 
 Prints one JSON line: build seconds, the process's memory before the build and its peak above
 that (ru_maxrss), the index's arrays, and the median and 95th-percentile ms of top-3 searches

@@ -17,21 +17,26 @@ which actions were good (``toy_world.label_actions``), so the teacher can be gra
   ``python evaluate.py RUN --credit`` prints it, and with ``--variants`` it grades every
   design choice of ``VARIANTS`` (where the teacher's blocks go, ε, ...) on the same samples.
 
-``label_shares`` gives the same labels' shares for the metrics of every training step, and
-``show_episodes`` prints sampled episodes with each action token's gap (``--show``).
+``show_episodes`` prints sampled episodes with each action token's gap (``--show``); ``main``
+is what ``python evaluate.py RUN --credit`` and ``--show`` run.
 """
 import html
+import json
+import os
 import sys
 from collections import defaultdict
 
 import torch
+from tqdm import tqdm
 
+import evaluate
 import evisd
 import grpo
-import model as M
-import real_data as rd
-import search_env as se
-import toy_world as tw
+import model
+import runs
+import search_env
+import toy_world
+import train
 
 PARTS = ("tag", "content")
 
@@ -40,35 +45,12 @@ def mean(values):
     return sum(values) / len(values)
 
 
-# ----------------------------------------------------------------------------- labels per step
+# ----------------------------------------------------------------------------- labels
 def episode_labels(rollouts, world, top_k):
     """The oracle labels of every episode of a Rollouts batch: a list (None where unknown)."""
     if rollouts.turn_texts is None:        # a batch built from transcripts, not played
         return [None] * len(rollouts.questions)
-    label = rd.label_actions if isinstance(world, rd.RealWorld) else tw.label_actions   # real data's own oracle
-    return [label(q, world, turns, top_k) for q, turns in zip(rollouts.questions, rollouts.turn_texts)]
-
-
-def label_shares(labels):
-    """What the policy does, as shares: each search label among searches, each answer label
-    among answers, wrong decisions among actions, invalid turns among turns. Free in training
-    (BM25 is cheap), so the curves show *what* RL fixes."""
-    counts = defaultdict(int)
-    for episode in labels:
-        for a in episode or []:
-            if a.label is None:            # real data that cannot say (real_data.label_actions)
-                continue
-            counts[a.kind] += 1
-            counts[f"{a.kind}_{a.label}"] += 1
-            counts["decision_wrong"] += a.decision_ok is False
-    turns = counts["search"] + counts["answer"] + counts["invalid"]
-    out = {}
-    for kind, names in (("search", ("hit", "partial", "repeat", "miss")), ("answer", ("correct", "premature", "wrong"))):
-        for name in names:
-            out[f"label_{kind}_{name}"] = counts[f"{kind}_{name}"] / counts[kind] if counts[kind] else None
-    out["label_decision_wrong"] = counts["decision_wrong"] / max(turns - counts["invalid"], 1)
-    out["label_invalid"] = counts["invalid"] / max(turns, 1)
-    return out
+    return [world.oracle_labels(q, turns, top_k) for q, turns in zip(rollouts.questions, rollouts.turn_texts)]
 
 
 # ----------------------------------------------------------------------------- the report card
@@ -86,13 +68,13 @@ def action_records(rollouts, labels, adv, gap, weight, tokenizer, rows):
         if labels[i] is None:
             continue
         for start, end, kind, turn in rollouts.spans[i]:
-            if kind not in M.KIND_IDS:
+            if kind not in model.KIND_IDS:
                 continue
             lab = labels[i][turn]
-            cut = start + M.tag_length(tokenizer, rollouts.input_ids[i, start:end].tolist(), kind)
+            cut = start + model.tag_length(tokenizer, rollouts.input_ids[i, start:end].tolist(), kind)
             for part, (a, b), good, name in (
                     ("tag", (start, cut), lab.decision_ok, "right" if lab.decision_ok else "wrong"),
-                    ("content", (cut, end), None if lab.label is None else lab.label in tw.GOOD_LABELS, lab.label)):
+                    ("content", (cut, end), None if lab.label is None else lab.label in toy_world.GOOD_LABELS, lab.label)):
                 if b <= a or good is None:     # real data that cannot say: no record
                     continue
                 records.append(dict(kind=kind, part=part, label=name, good=bool(good),
@@ -180,22 +162,22 @@ def report(lm, tokenizer, cfg, sets, seed=0, progress=None, variants=None):
     token_advs = {name: [] for name in configs}
     labels_all, all_adv, n_episodes, width = [], [], 0, 0
     for world, questions in sets:
-        env = lambda q: se.SearchEnv(world.retriever(q), q, max_turns=cfg["MAX_TURNS"], top_k=cfg["TOP_K"])
         for c in range(0, len(questions), cfg["QUESTIONS_PER_STEP"]):
             chunk = questions[c:c + cfg["QUESTIONS_PER_STEP"]]
             torch.manual_seed(seed * 1_000_003 + n_episodes)
-            r = M.rollout(lm, tokenizer, env, chunk, cfg["GROUP_SIZE"],
-                          cfg["MAX_TURNS"], cfg["MAX_NEW_TOKENS"], cfg["TEMPERATURE"])
+            envs = search_env.episodes(world, chunk, cfg["GROUP_SIZE"], cfg["MAX_TURNS"], cfg["TOP_K"])
+            r = model.rollout(lm, tokenizer, envs, cfg["MAX_NEW_TOKENS"], cfg["TEMPERATURE"])
             labels = episode_labels(r, world, cfg["TOP_K"])
             # What one training step computes: A, the student's log-probs, and per variant the
             # teacher's (on the episodes with A != 0) and Â.
             adv = grpo.group_advantages(r.rewards, cfg["GROUP_SIZE"])                   # [N]
             rows = adv.nonzero().squeeze(1).tolist()
             with torch.no_grad():
-                lp_s = M.token_logprobs(lm, r.input_ids, r.attention_mask, r.gen_mask,
-                                        temperature=cfg["TEMPERATURE"])                 # [N, T]
+                lp_s = model.token_logprobs(lm, r.input_ids, r.attention_mask, r.gen_mask,
+                                            temperature=cfg["TEMPERATURE"])             # [N, T]
             for name, vcfg in configs.items():
-                token_adv, _, lp_t = evisd.step_advantages(lm, tokenizer, vcfg, world, r, adv, lp_s)
+                token_adv, lp_t = evisd.corrected_advantages(lm, tokenizer, world, r, adv, lp_s,
+                                                             train.evisd_settings(vcfg))
                 w = token_adv / torch.where(adv == 0, 1.0, adv)[:, None]   # Â / A: EviSD's factor
                 for rec in action_records(r, labels, adv, lp_t - lp_s, w, tokenizer, rows):
                     rec["episode"] += n_episodes    # index into the concatenated batch below
@@ -213,7 +195,7 @@ def report(lm, tokenizer, cfg, sets, seed=0, progress=None, variants=None):
         token_adv = torch.cat([torch.nn.functional.pad(t, (0, width - t.shape[1])) for t in token_advs[name]])
         cards[name] = summarise(records[name], adv, token_adv)
         cards[name].update(episodes=n_episodes, scored_episodes=int((adv != 0).sum()),
-                           shares=label_shares(labels_all))
+                           shares=toy_world.label_shares(labels_all))
     return cards if variants else cards[""]
 
 
@@ -263,15 +245,15 @@ def show_episodes(lm, tok, cfg, world, qs, html_path, k):
     and print two episodes of ``k`` questions with every action token's teacher-student gap
     (evaluate.py --show; also as HTML): questions whose samples disagree first, since a group
     that agrees has A = 0, which training never asks the teacher about (its gap shows as 0)."""
-    cfg = dict(cfg, METHOD="evisd")    # the teacher's gap, whichever method the run trained with
     torch.manual_seed(0)
-    env = lambda q: se.SearchEnv(world.retriever(q), q, max_turns=cfg["MAX_TURNS"], top_k=cfg["TOP_K"])
-    r = M.rollout(lm, tok, env, qs, group_size=4, max_turns=cfg["MAX_TURNS"],
-                  max_new_tokens=cfg["MAX_NEW_TOKENS"], temperature=cfg["TEMPERATURE"])
+    envs = search_env.episodes(world, qs, 4, cfg["MAX_TURNS"], cfg["TOP_K"])
+    r = model.rollout(lm, tok, envs, cfg["MAX_NEW_TOKENS"], cfg["TEMPERATURE"])
     adv = grpo.group_advantages(r.rewards, 4)
     with torch.no_grad():
-        lp_s = M.token_logprobs(lm, r.input_ids, r.attention_mask, r.gen_mask, temperature=cfg["TEMPERATURE"])
-    token_adv, _, lp_t = evisd.step_advantages(lm, tok, cfg, world, r, adv, lp_s)
+        lp_s = model.token_logprobs(lm, r.input_ids, r.attention_mask, r.gen_mask,
+                                    temperature=cfg["TEMPERATURE"])
+    # The teacher's gap, whichever method the run trained with.
+    token_adv, lp_t = evisd.corrected_advantages(lm, tok, world, r, adv, lp_s, train.evisd_settings(cfg))
     groups = sorted(range(0, len(qs) * 4, 4), key=lambda i: not adv[i:i + 4].any())[:k]   # stable
     tty = sys.stdout.isatty()
     pages = []
@@ -305,3 +287,41 @@ def show_episodes(lm, tok, cfg, world, qs, html_path, k):
                 "<h3>Teacher-student gap per action token (green: teacher more likely; hover for values)</h3>"
                 + "\n".join(pages) + "</body></html>")
     print(f"\nwrote {html_path}")
+
+
+# ----------------------------------------------------------------------------- evaluate.py --credit, --show
+def question_sets(cfg, n_questions, validation=False):
+    """Held-out (or validation) `test` questions for the report card: a fixed sample, world by
+    world; real data: a fixed sample of its dev (or validation) split."""
+    if cfg["DATA"] != "toy":
+        return [runs.lab("real_data", f"DATA={cfg['DATA']!r}").questions(cfg, n_questions, validation)]
+    sets, k = [], 0
+    while n_questions > 0:
+        world, qs = evaluate.heldout_questions(cfg, "test", n_questions, world_index=k, validation=validation)
+        sets.append((world, qs))
+        n_questions -= len(qs)
+        k += 1
+    return sets
+
+
+def main(args):
+    """``python evaluate.py RUN ... --credit [Q] [--variants] [--validation]`` or ``--show K``:
+    the report card of each run (printed, and written as JSON), or K groups of episodes."""
+    if args.show:
+        lm, tok, cfg, _ = runs.load_run(args.runs[0])
+        world, qs = question_sets(cfg, 4 * args.show)[0]   # the groups with A != 0 are shown first
+        show_episodes(lm, tok, cfg, world, qs, os.path.join(args.runs[0], "episodes.html"), args.show)
+        return
+    cards = {}
+    for run in args.runs:
+        lm, tok, cfg, _ = runs.load_run(run)
+        sets = question_sets(cfg, args.credit, args.validation)
+        with tqdm(total=args.credit, desc=f"credit {run}", dynamic_ncols=True) as bar:
+            cards[run] = report(lm, tok, cfg, sets, progress=bar.update,
+                                variants=VARIANTS if args.variants else None)
+        table = variants_table(cards[run]) if args.variants else format_report(cards[run])
+        print(f"\n## {run}\n\n{table}")
+    out = args.json or os.path.join(args.runs[0], "credit.json")
+    with open(out, "w") as f:
+        json.dump(cards, f, indent=1)
+    print("wrote", out)

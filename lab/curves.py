@@ -2,7 +2,7 @@
 
 Both methods end with the habits gone, so final EM cannot see what EviSD's sharper credit should
 buy: *how fast* a habit goes. Every training step logs the oracle's label shares of its batch
-(credit.label_shares), so speed costs nothing to measure. For each habit (partial-name searches,
+(toy_world.label_shares, logged beside every step by train.py), so speed costs nothing. For each habit (partial-name searches,
 premature answers):
 
     clear step  the first step whose running share (the mean of the last WINDOW steps' shares)
@@ -11,7 +11,8 @@ premature answers):
                 counts how much of the habit is left, and for how long.
 
 and for the held-out quick check (train.py's EVAL_EVERY): the area under its macro-EM curve over
-the run, divided by the run's length. Definitions fixed in docs/protocol-v3.sh before its runs.
+the run, divided by the run's length. Definitions fixed in lab/results/protocol-v3.sh before its
+runs. evaluate.py switches this module on with --speed and --plot.
 """
 import os
 

@@ -2,9 +2,9 @@
 estimates, in about eight minutes (484 s of parts on one H200), every figure written as it
 comes.
 
-    python docs/gpu_check.py out/gpu-check                    # on a CUDA machine, all parts
-    python docs/gpu_check.py out/gpu-check --parts memory,train   # rerun only what broke
-    python docs/gpu_check.py out/gpu-check --dry              # CPU, tiny sizes (tests/test_gpu_check.py)
+    python lab/gpu_check.py out/gpu-check                    # on a CUDA machine, all parts
+    python lab/gpu_check.py out/gpu-check --parts memory,train   # rerun only what broke
+    python lab/gpu_check.py out/gpu-check --dry              # CPU, tiny sizes (lab/tests/test_gpu_check.py)
 
 Parts, in order; each runs in its own process under a time box, and a part that fails or runs
 out of time is recorded with the end of its output while the next one still runs:
@@ -12,7 +12,7 @@ out of time is recorded with the end of its output while the next one still runs
 * versions   python, torch, CUDA, transformers, tokenizers, the device and its driver;
 * tests      the test suite with DEVICE=cuda (tests/conftest.py hands it to the tests that
              take a device: the model, rollouts, losses and the train.py smoke runs);
-* memory     docs/gpu_memory.py, once per probe: a random model of Qwen2.5-0.5B-Instruct's exact
+* memory     lab/gpu_memory.py, once per probe: a random model of Qwen2.5-0.5B-Instruct's exact
              shape (no download) put through two RL updates of the Qwen preset (policy forward and
              backward, reference and teacher scoring) on a synthetic batch at the worst case
              docs/one-gpu.md's table assumes, with and without GRADIENT_CHECKPOINTING;
@@ -41,7 +41,7 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-# (shape, gradient checkpointing) of each memory probe (docs/gpu_memory.py).
+# (shape, gradient checkpointing) of each memory probe (lab/gpu_memory.py).
 PROBES = [("qwen2.5-0.5b", True), ("qwen2.5-0.5b", False), ("qwen2.5-1.5b", True)]
 
 # The train part: config/gpu-small.py with fewer steps (its full run is 1,800 + 180).
@@ -168,7 +168,7 @@ print(json.dumps({"python": platform.python_version(), "torch": torch.__version_
 
 def part_tests(check):
     # The dry mode runs one small file: the whole suite would run this very check again.
-    targets = ["tests/test_grpo.py"] if check.dry else ["tests", "--ignore=tests/test_gpu_check.py"]
+    targets = ["tests/test_grpo.py"] if check.dry else ["tests", "--ignore=lab/tests/test_gpu_check.py"]
     rc, output = check.python("-m", "pytest", "-q", "-p", "no:cacheprovider", *targets,
                               env={"DEVICE": check.device})
     counts = {k: int(n) for n, k in re.findall(r"(\d+) (passed|failed|errors?|skipped)", tail(output, 3))}
@@ -185,7 +185,7 @@ def part_memory(check):
     for shape, checkpointing in probes:
         name = f"{shape}, {'with' if checkpointing else 'without'} checkpointing"
         path = os.path.join(check.work, f"memory-{shape}-{int(checkpointing)}.json")
-        rc, output = check.python("docs/gpu_memory.py", shape, "--checkpointing", str(int(checkpointing)),
+        rc, output = check.python("lab/gpu_memory.py", shape, "--checkpointing", str(int(checkpointing)),
                                   "--json", path,
                                   *(["--dry"] if check.dry else []), timeout=300 if check.dry else 75)
         if rc == 0 and os.path.exists(path):

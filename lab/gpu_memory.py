@@ -1,10 +1,10 @@
-"""One memory probe of the GPU check (docs/gpu_check.py runs each in its own process): a
+"""One memory probe of the GPU check (lab/gpu_check.py runs each in its own process): a
 randomly initialised model of a Qwen2.5 shape put through two RL updates of the Qwen preset
 (reference and policy forward, backward, teacher scoring, AdamW) on a synthetic batch at the
 worst case docs/one-gpu.md's memory table assumes; peak memory beside that page's estimate.
 
-    python docs/gpu_memory.py qwen2.5-0.5b --checkpointing 1 --json out/mem.json   # on CUDA
-    python docs/gpu_memory.py tiny --dry --json out/mem.json                       # CPU, tiny sizes
+    python lab/gpu_memory.py qwen2.5-0.5b --checkpointing 1 --json out/mem.json   # on CUDA
+    python lab/gpu_memory.py tiny --dry --json out/mem.json                       # CPU, tiny sizes
 """
 import argparse
 import copy

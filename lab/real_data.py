@@ -1,6 +1,7 @@
 """Real questions and real retrieval: HotpotQA, 2WikiMultiHopQA, MuSiQue and Search-R1's files,
 searched by BM25 in memory or through Search-R1's retrieval server; the teacher's evidence and
-the oracle's labels on real data. docs/real-data.md has the details.
+the oracle's labels on real data, and their evaluation (dev EM and F1). docs/real-data.md has the
+details. train.py and evaluate.py switch this module on where DATA is not "toy".
 
 A dataset becomes what the toy world is to the rest of the code: a ``RealWorld`` holds a split's
 questions, hands ``SearchEnv`` each question's retriever and EviSD's teacher its evidence.
@@ -13,16 +14,21 @@ paragraphs; ``answer_passages``, those the question retrieves that hold a golden
 import dataclasses
 import http.client
 import json
+import math
 import os
+import random
 import time
 import urllib.error
 import urllib.request
 from dataclasses import dataclass, field
 
-import model as M
-import search_env as se
-import toy_world as tw
-from search_env import Doc, exact_match, normalize_answer, parse_action
+import torch
+
+import evaluate
+import model
+import search_env
+from search_env import Doc, exact_match, f1_score, normalize_answer, parse_action
+from toy_world import ActionLabel
 
 FORMATS = ("toy", "hotpotqa", "2wiki", "musique", "jsonl")
 EVIDENCE_RULES = ("auto", "supporting", "answer_passages", "answer_only")
@@ -40,12 +46,12 @@ class DataError(SystemExit):
     A SystemExit, so a command line prints that line and no traceback."""
 
 
-class RetrieverError(DataError):
+class RetrieverError(DataError, search_env.RetrieverError):
     """The retrieval server failed for good; train.py saves a checkpoint before it stops."""
 
 
 @dataclass
-class RealQuestion(se.Question):
+class RealQuestion(search_env.Question):
     support: list = field(default_factory=list)        # the data's supporting paragraphs (Docs)
     context: list = field(default_factory=list)        # the question's own paragraphs (HotpotQA, 2Wiki, MuSiQue)
     intermediates: list = field(default_factory=list)  # entities of the chain before its last hop, where the data tells
@@ -124,7 +130,7 @@ def read_corpus(path):
     docs = [_doc(row, f"{path}:{n}") for n, row in _jsonl(path)]
     if not docs:
         raise DataError(f"{path}: no documents")
-    return se.World(docs, [])
+    return search_env.World(docs, [])
 
 
 # ----------------------------------------------------------------------------- formats
@@ -278,7 +284,7 @@ class ServerRetriever:
 
 
 # ----------------------------------------------------------------------------- a split as a world
-class RealWorld(se.World):
+class RealWorld(search_env.World):
     """One split of a real dataset: its questions, each one's retriever, the teacher's evidence."""
 
     def __init__(self, questions, name, shared=None, evidence="auto", top_k=3):
@@ -293,7 +299,7 @@ class RealWorld(se.World):
         if question.qid not in self._own:
             if len(self._own) >= OWN_CORPORA_KEPT:
                 self._own.clear()
-            self._own[question.qid] = se.World(question.context, [])
+            self._own[question.qid] = search_env.World(question.context, [])
         return self._own[question.qid]
 
     def evidence_docs(self, question):
@@ -308,6 +314,9 @@ class RealWorld(se.World):
                                             if any(a in f" {normalize_answer(d.title + ' ' + d.text)} " for a in answers)]
         return self._passages[question.qid]
 
+    def oracle_labels(self, question, turns, top_k=3):
+        return label_actions(question, self, turns, top_k)
+
 
 _cache = {}   # files are read, and servers and corpora set up, once per process
 
@@ -316,10 +325,6 @@ def _once(key, make):
     if key not in _cache:
         _cache[key] = make()
     return _cache[key]
-
-
-def is_real(cfg):
-    return cfg.get("DATA", "toy") != "toy"   # a run saved before DATA existed is a toy run
 
 
 def dataset(cfg, split):
@@ -347,9 +352,13 @@ def dataset(cfg, split):
 def check_config(cfg):
     """Stop before any work when the data settings cannot make a meaningful run (runs.Schema)."""
     data = cfg["DATA"]
+    if data not in FORMATS:
+        raise DataError(f"DATA={data!r}: allowed values are {', '.join(FORMATS)}")
+    if cfg["EVIDENCE"] not in EVIDENCE_RULES:
+        raise DataError(f"EVIDENCE={cfg['EVIDENCE']!r}: allowed values are {', '.join(EVIDENCE_RULES)}")
     if data == "toy":
         return
-    if cfg["MODEL"] in M.SIZES:
+    if cfg["MODEL"] in model.SIZES:
         raise DataError(f"DATA={data!r} needs a pretrained model: the embedded {cfg['MODEL']!r} model has only "
                         "ever read the toy world; add config/qwen2.5-0.5b-instruct.py, or --MODEL=<HF name or directory>")
     if cfg["SFT_STEPS"]:
@@ -368,6 +377,48 @@ def check_config(cfg):
     for split, name in (("train", "DATA_TRAIN"), ("dev", "DATA_DEV")):   # read now: a bad line stops before the model loads
         if needed[name]:
             dataset(cfg, split)
+
+
+# ----------------------------------------------------------------------------- evaluation
+def questions(cfg, n=None, validation=False):
+    """(world, questions): the dev (or validation) split, or a fixed sample of ``n`` of it."""
+    world = dataset(cfg, "validation" if validation else "dev")
+    qs = world.questions
+    return world, (random.Random(0).sample(qs, n) if n and n < len(qs) else qs)
+
+
+def dev_scores(policy, tokenizer, cfg, n=None, dtype=torch.float32, validation=False):
+    """Greedy EM and answer F1 on the dev (or validation) split, or a fixed sample of ``n`` of
+    its questions, with 95% intervals (Wilson; normal for F1), and EM per number of hops.
+    ``macro`` is the EM, so evaluate.py's tables and paired comparison read it as a toy run's."""
+    world, qs = questions(cfg, n, validation)
+    em, answers = evaluate.greedy_episodes(policy, tokenizer, cfg, world, qs, dtype)
+    f1 = torch.tensor([f1_score(a, q.answers) for a, q in zip(answers, qs)], dtype=torch.float64)
+    m = f1.mean().item()
+    half = 1.96 * f1.std().item() / math.sqrt(len(qs)) if len(qs) > 1 else 0.0
+    out = {"n": len(qs), "f1": m, "f1_ci": [m - half, m + half]}
+    subsets = [("em", lambda q: True)] + [(f"hop{h}", lambda q, h=h: q.hops == h) for h in evaluate.HOPS]
+    for key, keep in subsets:
+        hit = [e for e, q in zip(em.tolist(), qs) if keep(q)]
+        interval = list(evaluate.wilson(sum(hit), len(hit))) if hit else [None, None]
+        out[key], out[f"{key}_n"], out[f"{key}_ci"] = (sum(hit) / len(hit) if hit else None), len(hit), interval
+    return dict(out, macro=out["em"], macro_ci=out["em_ci"])
+
+
+def quick_scores(policy, tokenizer, cfg, n, dtype=torch.float32):
+    """train.py's quick check on real data: dev EM (its macro) and F1 on a fixed sample of n."""
+    scores = dev_scores(policy, tokenizer, cfg, n, dtype)
+    return {k: round(scores[k], 4) for k in ("n", "em", "f1", "macro")}
+
+
+def dev_table(rows):
+    """Real-data runs: dev EM and answer F1, each with its 95% interval (the EM is their macro)."""
+    def cell(r, k):
+        low, high = r[k + "_ci"]
+        return f"{r[k]:.3f} [{low:.3f}, {high:.3f}]"
+    return "\n".join(["| run | seed | questions | EM [95%] | F1 [95%] |", "|---|---|---|---|---|"] +
+                     [f"| {r['run']} | {r['seed']} | {r['n']} | {cell(r, 'em')} | {cell(r, 'f1')} |"
+                      for r in rows])
 
 
 # ----------------------------------------------------------------------------- labels
@@ -389,12 +440,12 @@ def label_actions(question, world, turns, top_k=3):
                 found = {normalize_answer(d.title) for d in retriever.search(action.content, top_k)} & support
                 label = "hit" if found - seen else "repeat" if found else "miss"
                 seen |= found
-            labels.append(tw.ActionLabel("search", label, (not complete) if known else None))
+            labels.append(ActionLabel("search", label, (not complete) if known else None))
         elif action.kind == "answer":
             label = ("correct" if exact_match(action.content, question.answers)
                      else "premature" if exact_match(action.content, question.intermediates) else "wrong")
-            labels.append(tw.ActionLabel("answer", label, complete if known else None))
+            labels.append(ActionLabel("answer", label, complete if known else None))
         else:
-            labels.append(tw.ActionLabel("invalid", "invalid", None))
+            labels.append(ActionLabel("invalid", "invalid", None))
     return labels
 

@@ -2,11 +2,11 @@
 curve and wall time, and its greedy EM per hop on *validation* worlds, where a recipe may be
 chosen (never on the held-out ones).
 
-    python docs/warmup_sweep.py baseline --seeds 0-9
-    python docs/warmup_sweep.py lr6e-3 --seeds 1,2,7 --SFT_STEPS=500 --SFT_LR=6e-3   # train.py overrides
-    python docs/warmup_sweep.py mha --seeds 1,2 --shape 128,4,4,4,384                  # the tiny model's shape
-    python docs/warmup_sweep.py qk --seeds 1,7 --arch qwen3 --init zero-proj            # QK-norm; zero-init projections
-    python docs/warmup_sweep.py --table                                                  # every row so far
+    python lab/warmup_sweep.py baseline --seeds 0-9
+    python lab/warmup_sweep.py lr6e-3 --seeds 1,2,7 --SFT_STEPS=500 --SFT_LR=6e-3   # train.py overrides
+    python lab/warmup_sweep.py mha --seeds 1,2 --shape 128,4,4,4,384                  # the tiny model's shape
+    python lab/warmup_sweep.py qk --seeds 1,7 --arch qwen3 --init zero-proj            # QK-norm; zero-init projections
+    python lab/warmup_sweep.py --table                                                  # every row so far
 
 One JSON row per (recipe, seed) is appended to out/sweep/results.jsonl as each seed ends, so an
 interrupted sweep keeps what it finished; a finished warm-up is never trained twice.

@@ -1,6 +1,6 @@
 """Shared fixtures: a local stand-in for a pretrained instruct model, built without a download;
 and the device the tests that take one run on (``DEVICE=cuda python -m pytest``; the CPU by
-default), which docs/gpu_check.py uses on a GPU machine."""
+default), which lab/gpu_check.py uses on a GPU machine."""
 import os
 
 import pytest

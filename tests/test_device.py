@@ -1,6 +1,6 @@
 """The model, rollouts and both methods' losses on the device the suite is given
 (``DEVICE=cuda python -m pytest``; the CPU by default), checked against the CPU in float32:
-what docs/gpu_check.py runs on a GPU before it measures anything."""
+what lab/gpu_check.py runs on a GPU before it measures anything."""
 import copy
 
 import pytest

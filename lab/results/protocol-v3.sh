@@ -1,6 +1,6 @@
 #!/bin/bash
 # Benchmark v3 (issue 20), fixed and committed before any run of it. Run from the repository root:
-#   nohup bash docs/protocol-v3.sh > out/v3/protocol.log 2>&1 &
+#   nohup bash lab/results/protocol-v3.sh > out/v3/protocol.log 2>&1 &
 # Every run logs to out/v3/log-<run>-s<seed>.txt; a finished run (its ckpt-000060 exists) is skipped,
 # an interrupted one continues with --resume, so the script can be restarted where it stopped.
 #
@@ -60,5 +60,5 @@ for s in $DOSE_SEEDS; do
 done
 runs=$(for s in $SEEDS; do echo $V/grpo-s$s $V/evisd-s$s; done
        for s in $DOSE_SEEDS; do echo $V/evisd-eps0.5-s$s $V/evisd-eps1.0-s$s; done)
-python evaluate.py $runs --json docs/results-v3.json --plot docs/curves-v3.png > $V/results.txt 2>&1
+python evaluate.py $runs --json lab/results/results-v3.json --plot lab/results/curves-v3.png > $V/results.txt 2>&1
 echo "$(date +%T) done"

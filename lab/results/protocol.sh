@@ -1,6 +1,6 @@
 #!/bin/bash
-# The benchmark-v2 protocol of docs/results-v2.md, fixed before EviSD - GRPO was looked at.
-# Run from the repository root: bash docs/protocol.sh. Every run logs to out/v2/log-<run>-s<seed>.txt;
+# The benchmark-v2 protocol of lab/results/results-v2.md, fixed before EviSD - GRPO was looked at.
+# Run from the repository root: bash lab/results/protocol.sh. Every run logs to out/v2/log-<run>-s<seed>.txt;
 # a finished run (its final checkpoint is there) is skipped, so the script can be restarted.
 # Seeds 0-2 run GRPO, EviSD and the two ablations; seeds 3-5 GRPO and EviSD.
 set -euo pipefail
@@ -28,4 +28,4 @@ for s in 0 1 2 3 4 5; do
 done
 runs=$(for s in 0 1 2 3 4 5; do echo $V/grpo-s$s $V/evisd-s$s; done
        for s in 0 1 2; do for n in $ABLATION_NAMES; do echo $V/$n-s$s; done; done)
-python evaluate.py $runs --json docs/results-v2.json > $V/results.txt 2>&1
+python evaluate.py $runs --json lab/results/results-v2.json > $V/results.txt 2>&1

@@ -1,6 +1,6 @@
-"""Benchmark v3's tables (docs/results-v3.md) from the protocol's outputs (docs/protocol-v3.sh).
+"""Benchmark v3's tables (lab/results/results-v3.md) from the protocol's outputs (lab/results/protocol-v3.sh).
 
-    python docs/v3_tables.py [docs/results-v3.json] [out/v3]
+    python lab/results/v3_tables.py [lab/results/results-v3.json] [out/v3]
 
 Per seed: the warm-up's held-out macro, each method's EM and learning-speed measures, and each
 run's wall time (warm-up, the 60 RL steps alone, and the whole run from its start in the
@@ -73,7 +73,7 @@ def dose_table(rows, paired):
 
 
 def main(argv):
-    path = argv[0] if argv else "docs/results-v3.json"
+    path = argv[0] if argv else "lab/results/results-v3.json"
     out = argv[1] if len(argv) > 1 else "out/v3"
     got = json.load(open(path))
     rows, paired = got["runs"], got["paired"]

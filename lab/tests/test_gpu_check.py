@@ -1,4 +1,4 @@
-"""docs/gpu_check.py: its dry mode runs every part on the CPU at tiny sizes, so the script is
+"""lab/gpu_check.py: its dry mode runs every part on the CPU at tiny sizes, so the script is
 known to work before a GPU ever sees it; a failing or overlong part is recorded and the next
 one still runs."""
 import importlib.util
@@ -16,7 +16,7 @@ spec.loader.exec_module(gpu_check)
 
 def test_dry_mode_runs_every_part_and_writes_the_report(tmp_path):
     out = tmp_path / "out"
-    proc = subprocess.run([sys.executable, "docs/gpu_check.py", str(out), "--dry", "--work", str(tmp_path / "work")],
+    proc = subprocess.run([sys.executable, "lab/gpu_check.py", str(out), "--dry", "--work", str(tmp_path / "work")],
                           cwd=ROOT, capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     parts = json.load(open(out / "gpu-check.json"))["parts"]

@@ -4,7 +4,7 @@ first kind adds only noise to the copy signal the context loss is for. Here a to
 in the context loss only if the pair (previous token, token) occurred earlier in its episode.
 Then warmup_sweep.py as usual; rows go to out/sweep/results.jsonl.
 
-    python docs/warmup19/copies_only.py copies-450 --seeds 1,7 --SFT_STEPS=450
+    python lab/results/warmup19/copies_only.py copies-450 --seeds 1,7 --SFT_STEPS=450
 """
 import os
 import sys

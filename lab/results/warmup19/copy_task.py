@@ -4,7 +4,7 @@ same names in another order; the loss is on the second half only, where a name's
 is a guess and its later tokens are a copy. A constant rate after a 30-step linear warm-up;
 the mean loss of every 50 steps is printed.
 
-    python docs/warmup19/copy_task.py SEED STEPS ROWS LR        # session 5: 1 1200 32 3e-3, and 1e-3
+    python lab/results/warmup19/copy_task.py SEED STEPS ROWS LR        # session 5: 1 1200 32 3e-3, and 1e-3
 """
 import os
 import random

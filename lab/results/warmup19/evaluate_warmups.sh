@@ -4,7 +4,7 @@
 # chosen) and on the held-out worlds (reported, never chosen on), 9 worlds each; then the habit
 # shares of each warm-up on its own samples (evaluate.py --credit). VALIDATION_ONLY=1 stops after
 # the validation worlds (to choose between recipes before spending the rest on the chosen one).
-#   bash docs/warmup19/evaluate_warmups.sh OUT
+#   bash lab/results/warmup19/evaluate_warmups.sh OUT
 set -u
 cd "$(dirname "$0")/../.."
 OUT=$1

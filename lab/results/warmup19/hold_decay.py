@@ -1,11 +1,11 @@
 """Probe (session 5): the warm-up's rate held at its peak, then decayed. With cosine the rate
 has fallen to 55% of its peak by the middle of the run, where most seeds leave the plateau
 (steps 350-650 of 900); two runs of one seed that differed only in how fast it fell ended one
-learned and one stuck (docs/warmup-probes.md, fifth probes). Here: the same linear warm-up over
+learned and one stuck (lab/results/warmup-probes.md, fifth probes). Here: the same linear warm-up over
 the first 10% of STEPS, the peak held until DECAY_AT (a fraction of STEPS), then a linear fall
 to 10%. Then warmup_sweep.py as usual; rows go to out/sweep/results.jsonl.
 
-    STEPS=600 DECAY_AT=0.8 python docs/warmup19/hold_decay.py hold-600 --seeds 2,7 --SFT_STEPS=600
+    STEPS=600 DECAY_AT=0.8 python lab/results/warmup19/hold_decay.py hold-600 --seeds 2,7 --SFT_STEPS=600
 """
 import os
 import sys

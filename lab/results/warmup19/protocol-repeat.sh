@@ -7,7 +7,7 @@
 #      held-out worlds (reported, never chosen on), 9 worlds each;
 #   3. the habit shares of each warm-up on its own samples (evaluate.py --credit);
 #   4. the default run's RL, seeds 0-4 (the warm-up cached), wall time; 5. their held-out EM.
-#   ARGS="--SFT_STEPS=450 --SFT_REPEAT_STEPS=300" OUT=out/w19rep bash docs/warmup19/protocol-repeat.sh
+#   ARGS="--SFT_STEPS=450 --SFT_REPEAT_STEPS=300" OUT=out/w19rep bash lab/results/warmup19/protocol-repeat.sh
 # VALIDATION_ONLY=1 stops after the validation EM of step 2; run again without it to finish.
 set -u
 cd "$(dirname "$0")/../.."
@@ -19,7 +19,7 @@ for s in 0 1 2 3 4 5 6 7 8 9; do
   python train.py --SEED=$s $ARGS --RL_STEPS=0 --EVAL_EVERY=0 --OUT_DIR=$OUT/warmup-s$s --SFT_DIR=$OUT/sft \
     --overwrite > $OUT/warmup-s$s.log 2>&1 || exit 1
 done
-bash docs/warmup19/evaluate_warmups.sh $OUT || exit 1
+bash lab/results/warmup19/evaluate_warmups.sh $OUT || exit 1
 [ "${VALIDATION_ONLY:-0}" = 1 ] && { echo "validation done"; exit 0; }
 for s in 0 1 2 3 4; do
   [ -e $OUT/evisd-s$s/ckpt-000060 ] && continue

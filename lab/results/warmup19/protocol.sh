@@ -23,7 +23,7 @@ for s in 5 6 7 8 9; do
   python train.py --SEED=$s --RL_STEPS=0 --EVAL_EVERY=0 --OUT_DIR=$OUT/warmup-s$s --SFT_DIR=$OUT/sft --overwrite \
     > $OUT/warmup-s$s.log 2>&1 || exit 1
 done
-bash docs/warmup19/evaluate_warmups.sh $OUT || exit 1
+bash lab/results/warmup19/evaluate_warmups.sh $OUT || exit 1
 [ -e $OUT/rl-heldout.json ] || python evaluate.py $OUT/evisd-s0 $OUT/evisd-s1 $OUT/evisd-s2 $OUT/evisd-s3 $OUT/evisd-s4 \
   --json $OUT/rl-heldout.json > $OUT/rl-heldout.log 2>&1
 echo done

@@ -3,7 +3,7 @@ SHORT_TOPK documents per search and SHORT_BATCH episodes (about 90 tokens each, 
 because an induction head is reported to form sooner in short contexts. Then warmup_sweep.py
 as usual; rows go to out/sweep/results.jsonl.
 
-    SHORT_STEPS=200 SHORT_TOPK=1 SHORT_BATCH=32 python docs/warmup19/short_first.py sf200b32-450 \
+    SHORT_STEPS=200 SHORT_TOPK=1 SHORT_BATCH=32 python lab/results/warmup19/short_first.py sf200b32-450 \
         --seeds 1,7 --SFT_STEPS=450 --SFT_CONTEXT_LOSS=1.0
 """
 import os

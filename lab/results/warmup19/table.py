@@ -1,6 +1,6 @@
-"""Issue 19's tables from the outputs of docs/warmup19/protocol.sh or protocol-repeat.sh (default: out/w19).
+"""Issue 19's tables from the outputs of lab/results/warmup19/protocol.sh or protocol-repeat.sh (default: out/w19).
 
-    python docs/warmup19/table.py [OUT] [--json docs/warmup19/recipe3.json]
+    python lab/results/warmup19/table.py [OUT] [--json lab/results/warmup19/recipe3.json]
 
 Per seed 0-9: the warm-up's final loss (mean of its last 50 steps) and seconds, greedy EM on the
 validation and the held-out worlds (1-hop and macro), the habit shares of its own samples
@@ -16,7 +16,7 @@ import sys
 import torch
 
 # Today's recipe before this change (900 steps, cosine, init 0.02, no context loss), held-out,
-# on the numbered training worlds of before commit 1b9abb2 (docs/warmup-probes.md, "Before").
+# on the numbered training worlds of before commit 1b9abb2 (lab/results/warmup-probes.md, "Before").
 BEFORE = {"hop1": [0.573, 0.214, 0.158, 0.518, 0.334, 0.504, 0.509, 0.218, 0.424, 0.511],
           "macro": [0.309, 0.112, 0.079, 0.262, 0.182, 0.256, 0.257, 0.112, 0.245, 0.262]}
 

@@ -3,7 +3,7 @@ questions of validation world 0, the share of tokens whose argmax is the expert'
 inside <search> and <answer> by position (0 is the tag, 1 the name's first token, 4 stands for
 4 and later), and the thoughts and tags together.
 
-    python docs/warmup19/token_accuracy.py out/sweep/ctx1-450/sft-6f44b52a5c [hidden,layers,heads,kv,mlp]
+    python lab/results/warmup19/token_accuracy.py out/sweep/ctx1-450/sft-6f44b52a5c [hidden,layers,heads,kv,mlp]
 """
 import collections
 import json

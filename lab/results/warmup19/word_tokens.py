@@ -1,11 +1,11 @@
 """Probe (session 5): every name word one token. Stuck warm-ups copy a name's first piece and
-invent the rest (docs/warmup-probes.md); with a 768-token BPE, 170 of the 400 two-syllable name
+invent the rest (lab/results/warmup-probes.md); with a 768-token BPE, 170 of the 400 two-syllable name
 words (with their leading space) are spelled in 2-3 pieces, and copying those later pieces needs
 an induction circuit that forms late. This probe trains the tokenizer with every name word in
 its text and a vocabulary of VOCAB (1024 makes all 400 one token each), then runs
 warmup_sweep.py as usual; rows go to out/sweep/results.jsonl.
 
-    VOCAB=1024 python docs/warmup19/word_tokens.py words-450 --seeds 1,7 --SFT_STEPS=450
+    VOCAB=1024 python lab/results/warmup19/word_tokens.py words-450 --seeds 1,7 --SFT_STEPS=450
 """
 import os
 import sys

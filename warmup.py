@@ -1,0 +1,149 @@
+"""The supervised warm-up: imitate the toy world's expert before RL, cached on disk.
+
+A random model cannot search yet, so RL would see reward 0 everywhere. The warm-up fits it to
+expert transcripts (toy_world.expert_episode) with the slips and two *habits* (answering one hop
+early, searching a person by first name) that only the reward can correct, so RL has something
+to fix. A share of clean demonstrations is shown under EviSD's privileged context, so the model
+has read gold evidence and golden answers before its teacher is asked to. The result is cached
+by every setting it depends on (``KEYS``): the GRPO and EviSD runs of a seed start from the same
+weights. A pretrained model (MODEL = an HF name) usually skips it (SFT_STEPS = 0).
+"""
+import hashlib
+import json
+import math
+import os
+import random
+import time
+
+import torch
+import torch.distributed as dist
+from tqdm import tqdm
+
+import evisd
+import model
+import runs
+import toy_world
+
+# The warm-up's weights depend on these (and on the embedded model's shape): its cache key.
+KEYS = ("MODEL", "SEED", "PREV_TOKEN_INIT", "WORLD_SCALE", "TOP_K", "MAX_TURNS", "SFT_STEPS",
+        "SFT_BATCH", "SFT_LR", "SFT_NOISE", "SFT_STOP_EARLY", "SFT_PARTIAL_NAME", "SFT_CONTEXT_LOSS",
+        "SFT_REPEAT_STEPS", "SFT_REPEAT_WORLDS", "SFT_PRIVILEGED_FRAC")
+
+
+def batch(cfg, tokenizer, step):
+    """One warm-up batch: SFT_BATCH expert episodes from the step's world (fresh, or one of
+    SFT_REPEAT_WORLDS for the first SFT_REPEAT_STEPS steps), noisy ones and clean ones under
+    EviSD's privileged context in every placement the ablations use, with the context mask."""
+    rng = random.Random(f"warmup-batch/{cfg['SEED']}/{step}")
+    # Repeated worlds draw their questions afresh each time.
+    index = step % cfg["SFT_REPEAT_WORLDS"] if step < cfg["SFT_REPEAT_STEPS"] else step
+    world = toy_world.training_world("warmup", cfg["SEED"], index, cfg["WORLD_SCALE"])
+    questions, transcripts, not_read = world.split("train"), [], []
+    for _ in range(cfg["SFT_BATCH"]):
+        q = rng.choice(questions)
+        privileged = rng.random() < cfg["SFT_PRIVILEGED_FRAC"]
+        ep = toy_world.expert_episode(q, world, noise=0.0 if privileged else cfg["SFT_NOISE"], rng=rng,
+                                      max_turns=cfg["MAX_TURNS"], top_k=cfg["TOP_K"],
+                                      stop_early=0.0 if privileged else cfg["SFT_STOP_EARLY"],
+                                      partial_name=0.0 if privileged else cfg["SFT_PARTIAL_NAME"])
+        tr = model.encode_episode(tokenizer, model.render_prompt(tokenizer, q), ep.turns, ep.observations)
+        # Out of the context loss: position 0 (nothing predicts it) and the privileged blocks.
+        skipped = [0]
+        if privileged:
+            placement = evisd.Settings(evidence_at=rng.choice(("first", "every")),
+                                       answer_at=rng.choice(("tag", "content")))
+            blocks = evisd.privileged_ids(tokenizer, q, world)
+            tr, student_pos = evisd.insert_privileged(tr, *blocks, placement, tokenizer)
+            skipped += [j for j, p in enumerate(student_pos) if p < 0]   # -1: a block's token
+        transcripts.append(tr)
+        not_read.append(skipped)
+    b = model.collate(transcripts, tokenizer.pad_token_id)
+    # The context loss's tokens: what the model reads (prompt, documents), less not_read.
+    b["context_mask"] = b["attention_mask"] - b["gen_mask"]
+    for i, positions in enumerate(not_read):
+        b["context_mask"][i, positions] = 0
+    return b
+
+
+def expert_rollouts(cfg, tokenizer, world, questions, seed=0):
+    """Noisy expert episodes (GROUP_SIZE of each question) packed like model.rollout's output:
+    what a warmed-up policy writes, for benchmarks and tests of a random model, which writes no
+    actions for the teacher to score."""
+    rng = random.Random(seed)
+    asked = [q for q in questions for _ in range(cfg["GROUP_SIZE"])]
+    episodes = [toy_world.expert_episode(q, world, noise=0.5, rng=rng, max_turns=cfg["MAX_TURNS"],
+                                         top_k=cfg["TOP_K"]) for q in asked]
+    transcripts = [model.encode_episode(tokenizer, model.render_prompt(tokenizer, q), e.turns,
+                                        e.observations) for q, e in zip(asked, episodes)]
+    return model.Rollouts(**model.collate(transcripts, tokenizer.pad_token_id),
+                          rewards=torch.tensor([e.reward for e in episodes]),
+                          answers=[e.answer for e in episodes],
+                          turns=torch.tensor([len(e.turns) for e in episodes]), questions=asked,
+                          turn_texts=[e.turns for e in episodes])
+
+
+def cache_path(cfg):
+    """Where the warm-up of these settings is cached: SFT_DIR-<hash of KEYS and the model shape>."""
+    key = [cfg[k] for k in KEYS] + [model.SIZES.get(cfg["MODEL"])]
+    return f"{cfg['SFT_DIR']}-{hashlib.sha1(json.dumps(key).encode()).hexdigest()[:10]}"
+
+
+def run(cfg, policy, tokenizer, rank=0):
+    """Fit ``policy`` to expert transcripts, or load the cached result: the loss on its own tokens
+    plus SFT_CONTEXT_LOSS times that on the tokens it reads. Returns the warm-up's path (a
+    pretrained model with SFT_STEPS=0: the model's name, no copy of its weights on disk)."""
+    if cfg["SFT_STEPS"] == 0 and cfg["MODEL"] not in model.SIZES:
+        return cfg["MODEL"]
+    path = cache_path(cfg)
+    # Rank 0 alone decides whether to train: if each rank checked the disk itself, a slow rank
+    # could find rank 0's fresh save, skip the barrier below, and leave rank 0 waiting forever.
+    cached = os.path.isdir(path)
+    if rank == 0 and not cached:
+        fit(cfg, policy, tokenizer, path)
+    if dist.is_initialized():
+        dist.barrier()
+    if cached or rank != 0:
+        try:
+            runs.load_weights(policy, path)
+        except Exception as e:  # missing or damaged files fail in many ways
+            raise SystemExit(f"the cached warm-up {path} is unreadable ({type(e).__name__}: {e}); "
+                             "delete that directory and the warm-up is trained again") from None
+    return path
+
+
+def fit(cfg, policy, tokenizer, path):
+    """SFT_STEPS steps of AdamW (linear warm-up, cosine decay to 10%), then save to ``path``."""
+    t0 = time.perf_counter()
+    device, dtype = next(policy.parameters()).device, getattr(torch, cfg["DTYPE"])
+    optimizer = torch.optim.AdamW(policy.parameters(), lr=cfg["SFT_LR"], weight_decay=0.0)
+    ramp, steps = max(cfg["SFT_STEPS"] // 10, 1), max(cfg["SFT_STEPS"], 1)
+    schedule = torch.optim.lr_scheduler.LambdaLR(
+        optimizer, lambda s: min((s + 1) / ramp, 0.1 + 0.45 * (1 + math.cos(math.pi * s / steps))))
+    policy.train()
+    bar, losses = tqdm(range(cfg["SFT_STEPS"]), desc="warm-up", dynamic_ncols=True), []
+    for step in bar:
+        b = batch(cfg, tokenizer, step)
+        n_gen, n_context, loss = b["gen_mask"].sum(), b["context_mask"].sum(), 0.0
+        optimizer.zero_grad(set_to_none=True)
+        # Four quarters sorted by length, each padded to its own longest: one batch's gradient
+        # on ~35% fewer tokens.
+        for rows in b["attention_mask"].sum(1).argsort().chunk(4):
+            width = int(b["attention_mask"][rows].sum(1).max())
+            keys = ("input_ids", "attention_mask", "gen_mask", "context_mask")
+            ids, att, gen, ctx = (b[k][rows, :width].to(device) for k in keys)
+            with model.autocast(device, dtype):
+                scored = gen + ctx if cfg["SFT_CONTEXT_LOSS"] else gen
+                logp = model.token_logprobs(policy, ids, att, scored)            # [rows, width]
+            # The context loss trains copying on the names documents repeat
+            # (lab/results/warmup-probes.md).
+            own = -(logp * gen).sum() / n_gen
+            (own - cfg["SFT_CONTEXT_LOSS"] * (logp * ctx).sum() / n_context).backward()
+            loss += own.item()
+        torch.nn.utils.clip_grad_norm_(policy.parameters(), cfg["GRAD_CLIP"])
+        optimizer.step()
+        schedule.step()
+        bar.set_postfix(loss=f"{loss:.3f}")
+        losses.append(round(loss, 4))
+    seconds = time.perf_counter() - t0
+    print(f"warm-up: {cfg['SFT_STEPS']} steps in {seconds:.1f} s, saved to {path}")
+    runs.atomic_save(path, policy, tokenizer, {"config": cfg, "seconds": seconds, "losses": losses})
