@@ -39,7 +39,7 @@ class Settings:
     gap reaches the advantage."""
     evidence: bool = True        # gold evidence before search actions (USE_SEARCH_EVIDENCE)
     answer: bool = True          # golden answer before the answer action (USE_ANSWER_PRIVILEGE)
-    evidence_at: str = "every"   # "every": a block before each search | "first": one, before the first
+    evidence_at: str = "every"   # "every": a block before each search | "first": once, before it
     answer_at: str = "content"   # "content": right after the opening <answer> | "tag": before it
     span: str = "action"         # "action": tag and content corrected | "content": the tag keeps A
     eps: float = 0.2             # w in [1 - eps, 1 + eps] (EVISD_EPS)
@@ -57,7 +57,8 @@ def corrected_advantages(policy, tokenizer, world, rollouts, adv, student_logp, 
     """
     # A = 0 gives Â = 0 whatever the teacher says: only episodes with A != 0 are re-scored.
     rows = adv.nonzero().squeeze(1).tolist()
-    teacher_logp = teacher_logprobs(policy, tokenizer, world, rollouts, student_logp, rows, settings)
+    teacher_logp = teacher_logprobs(policy, tokenizer, world, rollouts, student_logp, rows,
+                                    settings)
     device = adv.device
     token_adv = bounded_correction(adv, teacher_logp - student_logp, rollouts.gen_mask.to(device),
                                    correction_mask(rollouts, tokenizer, settings).to(device),
@@ -65,7 +66,7 @@ def corrected_advantages(policy, tokenizer, world, rollouts, adv, student_logp, 
     return token_adv, teacher_logp
 
 
-# ----------------------------------------------------------------------------- the privileged context
+# ----------------------------------------------------------------------------- privileged context
 def answer_block(answers):
     """The golden answer in a short block of the same style as retrieved information."""
     return f"{INFO} the answer is {answers[0]}. {INFO_END}"
@@ -79,7 +80,7 @@ def privileged_ids(tokenizer, question, world):
             tokenizer.encode(answer_block(question.answers), add_special_tokens=False))
 
 
-def insert_privileged(tr, evidence_ids, answer_ids, settings, tokenizer):
+def insert_privileged(tr, evidence_ids, answer_ids, settings, tokenizer=None):
     """The teacher's transcript: ``tr`` with the privileged blocks inserted where ``settings``
     says (``tokenizer`` finds the end of the opening <answer> tag for answer_at="content").
 
@@ -151,7 +152,8 @@ def teacher_batch(tokenizer, world, rollouts, rows, settings):
         q = rollouts.questions[i]
         if q.qid not in blocks:
             blocks[q.qid] = privileged_ids(tokenizer, q, world)
-        tr, pos = insert_privileged(episode_transcript(rollouts, i), *blocks[q.qid], settings, tokenizer)
+        student = episode_transcript(rollouts, i)
+        tr, pos = insert_privileged(student, *blocks[q.qid], settings, tokenizer)
         score = [int(k in kinds) for k in tr.kind]
         last = max([j for j, s in enumerate(score) if s], default=0) + 1
         seqs.append((tr.ids[:last], score[:last], pos[:last]))

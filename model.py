@@ -103,12 +103,13 @@ def build_model(tokenizer, size="tiny", seed=0, prev_token_init=0.0):
 
 
 def prev_token_head(model, scale, back=1, frequencies=4):
-    """Layer 0's first head attends to the token ``back`` positions earlier (1: the previous one), whatever
-    the tokens: half an induction head, which copies a name read earlier; a random model grows one suddenly,
-    after a plateau as long as its seed's luck (lab/results/warmup-probes.md; back=2 helps as much). RoPE turns
-    pair (j, j + d/2) by position * theta_j, so key bias (scale, 0) and query bias scale * e^(-i back theta_j)
-    on the fastest pairs score key n for query m by scale^2 * sum_j cos((m - n - back) theta_j), highest at
-    n = m - back. All else starts as HF draws it."""
+    """Layer 0's first head attends to the token ``back`` positions earlier (1: the previous one),
+    whatever the tokens: half an induction head, which copies a name read earlier; a random model
+    grows one suddenly, after a plateau as long as its seed's luck (lab/results/warmup-probes.md;
+    back=2 helps as much). RoPE turns pair (j, j + d/2) by position * theta_j, so key bias (scale,
+    0) and query bias scale * e^(-i back theta_j) on the fastest pairs score key n for query m by
+    scale^2 * sum_j cos((m - n - back) theta_j), highest at n = m - back. All else starts as HF
+    draws it."""
     attn = model.model.layers[0].self_attn
     d, theta = attn.head_dim, model.model.rotary_emb.inv_freq[:frequencies]
     with torch.no_grad():   # the biases start at 0

@@ -1,4 +1,5 @@
-"""BM25 retrieval over a corpus, the agent protocol, the search environment and the exact-match reward.
+"""BM25 retrieval over a corpus, the agent protocol, the search environment and the exact-match
+reward.
 
 Everything the agent interacts with lives here; the synthetic world it is trained on, its
 demonstrator and its oracle are in toy_world.py.
@@ -33,7 +34,8 @@ ANSWER, ANSWER_END = "<answer>", "</answer>"
 TAGS = (THINK, THINK_END, SEARCH, SEARCH_END, INFO, INFO_END, ANSWER, ANSWER_END)
 MAX_ACTION_CHARS = 120  # a query or answer longer than this is a runaway generation, not an action
 
-INSTRUCTION = "answer the question. use <search> query </search> to search, then <answer> answer </answer>."
+INSTRUCTION = ("answer the question. use <search> query </search> to search, "
+               "then <answer> answer </answer>.")
 
 
 # ----------------------------------------------------------------------------- normalisation
@@ -41,8 +43,10 @@ _DROP_PUNCT = str.maketrans("", "", string.punctuation)
 
 
 def normalize_answer(text):
-    """SQuAD normalisation: lower-case, drop punctuation and the articles a/an/the, squeeze spaces."""
-    text = text.lower().translate(_DROP_PUNCT)   # one C call: BM25 tokenises a million passages with it
+    """SQuAD normalisation: lower-case, drop punctuation and the articles a/an/the, squeeze
+    spaces."""
+    # one C call: BM25 tokenises a million passages with it
+    text = text.lower().translate(_DROP_PUNCT)
     text = re.sub(r"\b(a|an|the)\b", " ", text)
     return " ".join(text.split())
 
@@ -128,7 +132,8 @@ class World:
         return [self.doc_by_id[i] for i in question.evidence]
 
     def oracle_labels(self, question, turns, top_k=3):
-        """The oracle's grade of each generated turn (toy_world.ToyWorld has one); None: no oracle."""
+        """The oracle's grade of each generated turn (toy_world.ToyWorld has one); None: no
+        oracle."""
         return None
 
 
@@ -213,7 +218,8 @@ def parse_action(turn_text):
         turn_text.encode("utf-8")
     except UnicodeEncodeError as e:
         return _invalid(f"not valid Unicode (lone surrogate U+{ord(turn_text[e.start]):04X})")
-    bad = next((ch for ch in turn_text if unicodedata.category(ch) == "Cc" and ch not in "\t\n\r"), None)
+    bad = next((ch for ch in turn_text
+                if unicodedata.category(ch) == "Cc" and ch not in "\t\n\r"), None)
     if bad is not None:
         return _invalid(f"control character U+{ord(bad):04X}")
     text = turn_text.strip()
@@ -260,7 +266,8 @@ def format_information(docs):
     return f"{INFO} {body} {INFO_END}"
 
 
-INVALID_OBSERVATION = f"{INFO} invalid turn. use {SEARCH} query {SEARCH_END} or {ANSWER} answer {ANSWER_END}. {INFO_END}"
+INVALID_OBSERVATION = (f"{INFO} invalid turn. use {SEARCH} query {SEARCH_END} "
+                       f"or {ANSWER} answer {ANSWER_END}. {INFO_END}")
 
 
 @dataclass
@@ -302,7 +309,8 @@ class SearchEnv:
             self.done = True
             return StepResult("", True, 0.0, action)
         if action.kind == "search":
-            docs = self.retriever.search(action.content, self.top_k) if retrieved is None else retrieved
+            docs = (self.retriever.search(action.content, self.top_k) if retrieved is None
+                    else retrieved)
             obs = format_information(docs)
         else:
             obs = INVALID_OBSERVATION
@@ -312,7 +320,8 @@ class SearchEnv:
 def episodes(world, questions, group_size=1, max_turns=4, top_k=3):
     """One SearchEnv per episode: each question ``group_size`` times in a row, searching the
     retriever its world gives it. model.rollout plays them as one batch."""
-    return [SearchEnv(world.retriever(q), q, max_turns, top_k) for q in questions for _ in range(group_size)]
+    return [SearchEnv(world.retriever(q), q, max_turns, top_k)
+            for q in questions for _ in range(group_size)]
 
 
 def step_all(envs, turn_texts):
@@ -327,5 +336,6 @@ def step_all(envs, turn_texts):
     retrieved = {}
     for items in batches.values():
         env = envs[items[0][0]]
-        retrieved.update(zip([i for i, _ in items], env.retriever.search_batch([q for _, q in items], env.top_k)))
+        retrieved.update(zip([i for i, _ in items],
+                             env.retriever.search_batch([q for _, q in items], env.top_k)))
     return [env.step(text, retrieved.get(i)) for i, (env, text) in enumerate(zip(envs, turn_texts))]

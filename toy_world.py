@@ -68,7 +68,8 @@ def _unique_names(rng, n, make, taken, near_dup_frac, kind, owner):
     for _ in range(200 * n):
         if len(names) == n:
             return names
-        words = _near_duplicate(rng.choice(made), rng) if made and rng.random() < near_dup_frac else make()
+        words = (_near_duplicate(rng.choice(made), rng) if made and rng.random() < near_dup_frac
+                 else make())
         strings = ["".join(w) for w in words]
         name = " ".join(strings)
         if name not in taken and all(owner.get(w, kind) == kind for w in strings):
@@ -96,7 +97,8 @@ def make_world(seed=0, n_people=SIZES["n_people"], n_cities=SIZES["n_cities"],
         raise ValueError(f"make_world: scale must be a number > 0, got {scale!r}")
     if scale != 1.0:
         n_people, n_cities, n_countries, n_films, n_companies = (
-            max(4, round(n * scale)) for n in (n_people, n_cities, n_countries, n_films, n_companies))
+            max(4, round(n * scale))
+            for n in (n_people, n_cities, n_countries, n_films, n_companies))
     for name, value, low in (("n_people", n_people, 4), ("n_cities", n_cities, 3),
                              ("n_countries", n_countries, 2), ("n_films", n_films, 1),
                              ("n_companies", n_companies, 1)):
@@ -111,8 +113,10 @@ def make_world(seed=0, n_people=SIZES["n_people"], n_cities=SIZES["n_cities"],
     first_names = [_word(rng) for _ in range(max(8, n_people // 8))]
     people = _unique_names(rng, n_people, lambda: (rng.choice(first_names), _word(rng)),
                            taken, near_duplicate_frac, "person", owner)
-    cities = _unique_names(rng, n_cities, lambda: (_word(rng),), taken, near_duplicate_frac, "city", owner)
-    countries = _unique_names(rng, n_countries, lambda: (_word(rng) + ("ia",),), taken, 0.0, "country", owner)
+    cities = _unique_names(rng, n_cities, lambda: (_word(rng),),
+                           taken, near_duplicate_frac, "city", owner)
+    countries = _unique_names(rng, n_countries, lambda: (_word(rng) + ("ia",),),
+                              taken, 0.0, "country", owner)
     films = _unique_names(rng, n_films, lambda: (_word(rng), (rng.choice(FILM_WORDS),)),
                           taken, near_duplicate_frac, "film", owner)
     companies = _unique_names(rng, n_companies, lambda: (_word(rng), (rng.choice(COMPANY_WORDS),)),
@@ -214,7 +218,7 @@ class ToyWorld(World):
         return label_actions(question, self, turns, top_k)
 
 
-# ----------------------------------------------------------------------------- expert demonstrations
+# ---------------------------------------------------------------------------- expert demonstrations
 @dataclass
 class Episode:
     question: Question
@@ -295,8 +299,10 @@ def expert_episode(question, world, noise=0.0, rng=None, max_turns=4, top_k=3, s
             first_name = entity.split()[0]
             search(thought, first_name)
             read = next((d.title for d in world.search(first_name, top_k)
-                         if _follow(world, d.title, question.hop_facts[i], chain[i], chain[i + 1])), None)
-            if read is None:        # nobody it found states the fact: search the full name after all
+                         if _follow(world, d.title, question.hop_facts[i], chain[i],
+                                    chain[i + 1])), None)
+            # nobody it found states the fact: search the full name after all
+            if read is None:
                 read = entity
                 if not env.done:    # ... unless that search used the last turn
                     search("search the full name", entity)
@@ -312,7 +318,8 @@ def expert_episode(question, world, noise=0.0, rng=None, max_turns=4, top_k=3, s
 @dataclass
 class ActionLabel:
     kind: str            # "search" | "answer" | "invalid"
-    label: str           # search: hit | partial | repeat | miss; answer: correct | premature | wrong; invalid
+    # search: hit | partial | repeat | miss; answer: correct | premature | wrong; invalid
+    label: str
     decision_ok: bool    # was the opening tag's choice right? None for invalid turns
     docs: list = field(default_factory=list)   # search: ids of the documents it retrieves
 
@@ -347,7 +354,8 @@ def label_actions(question, world, turns, top_k=3):
             words = tokenize(action.content)
             names = [tokenize(world.doc_by_id[d].title) for d in evidence - seen]
             partial = any(words and len(words) < len(n) and set(words) <= set(n) for n in names)
-            label = "partial" if partial else "hit" if found - seen else "repeat" if found else "miss"
+            label = ("partial" if partial else "hit" if found - seen
+                     else "repeat" if found else "miss")
             labels.append(ActionLabel("search", label, not all_seen, docs))
             seen |= found
         elif action.kind == "answer":
@@ -395,7 +403,8 @@ if __name__ == "__main__":
     world = make_world(seed=0)
     ms = 1000 * (time.perf_counter() - t0)
     words = {w for d in world.docs for w in tokenize(d.title + " " + d.text)}
-    print(f"world 0: {len(world.docs)} documents, {len(words)} distinct words, built in {ms:.0f} ms")
+    print(f"world 0: {len(world.docs)} documents, {len(words)} distinct words, "
+          f"built in {ms:.0f} ms")
     print("questions per split:", {s: len(world.split(s)) for s in ("train", "test", "ood")})
     print("\n-- three documents")
     for d in world.docs[:2] + world.docs[-1:]:

@@ -79,7 +79,7 @@ EVISD_EPS = 0.2              # w in [1 - eps, 1 + eps]
 EVISD_TAU = 0.0              # |gap| below this is treated as no signal
 USE_SEARCH_EVIDENCE = True   # gold evidence before search actions
 USE_ANSWER_PRIVILEGE = True  # golden answer before the answer action
-EVIDENCE_AT = "every"        # "every": evidence before each search | "first": once, before the first
+EVIDENCE_AT = "every"        # "every": evidence before each search | "first": once, before it
 ANSWER_AT = "content"        # "content": answer block after the opening <answer> | "tag": before it
 EVISD_SPAN = "action"        # "action": tag and content corrected | "content": the tag keeps A
 BOUNDED = True               # False: drop the clip (ablation)
@@ -199,7 +199,8 @@ def rl_step(cfg, step, policy, reference, tokenizer, optimizer):
     # log-probs are the old policy's (PPO's ratio) and the student's (EviSD's gap) at once.
     policy.train()
     with model.autocast(device, dtype):
-        logp = model.token_logprobs(policy, ids, attention, gen_mask, temperature=cfg["TEMPERATURE"])
+        logp = model.token_logprobs(policy, ids, attention, gen_mask,
+                                    temperature=cfg["TEMPERATURE"])        # [N, T]
     old_logp = logp.detach()                                                # [N, T]
     ref_logp = None
     if reference is not None:
@@ -246,7 +247,8 @@ def rl_step(cfg, step, policy, reference, tokenizer, optimizer):
                    answered=sum(a is not None for a in r.answers) / len(r.answers),
                    step=step, step_s=time.perf_counter() - t0, rollout_s=t_rollout)
     metrics["em"] = metrics["reward"]   # the reward is exact match
-    record = dict(rollouts=r, world=world, adv=adv, gap=teacher_logp - old_logp, token_adv=token_adv)
+    record = dict(rollouts=r, world=world, adv=adv, gap=teacher_logp - old_logp,
+                  token_adv=token_adv)
     return metrics, record
 
 
@@ -255,7 +257,8 @@ def measure_beside(cfg, record):
     policy does: premature answers, partial searches, ...; lab/curves.py reads their speed)
     and, for EviSD, the statistics of the teacher's gap."""
     r, world = record["rollouts"], record["world"]
-    labels = [world.oracle_labels(q, turns, cfg["TOP_K"]) for q, turns in zip(r.questions, r.turn_texts)]
+    labels = [world.oracle_labels(q, turns, cfg["TOP_K"])
+              for q, turns in zip(r.questions, r.turn_texts)]
     out = toy_world.label_shares(labels)
     if cfg["METHOD"] == "evisd":
         out.update(evisd.gap_stats(record["adv"], record["gap"], record["token_adv"],
@@ -318,7 +321,8 @@ def main(argv):
 
     def quick_check(step):
         em = evaluate.heldout_em(policy, tokenizer, cfg, cfg["EVAL_QUESTIONS"], dtype)
-        runs.log_metrics(out, {"step": step, "eval": True, **{f"eval_{k}": v for k, v in em.items()}})
+        runs.log_metrics(out, {"step": step, "eval": True,
+                               **{f"eval_{k}": v for k, v in em.items()}})
         shown = {"macro": "macro", "hop1": "1-hop", "hop2": "2-hop", "hop3": "3-hop", "f1": "F1"}
         name = "warm-up" if step == 0 and start == 0 else f"step {step}"
         return f"{name}: held-out EM " + ", ".join(

@@ -26,8 +26,8 @@ import toy_world
 
 # The warm-up's weights depend on these (and on the embedded model's shape): its cache key.
 KEYS = ("MODEL", "SEED", "PREV_TOKEN_INIT", "WORLD_SCALE", "TOP_K", "MAX_TURNS", "SFT_STEPS",
-        "SFT_BATCH", "SFT_LR", "SFT_NOISE", "SFT_STOP_EARLY", "SFT_PARTIAL_NAME", "SFT_CONTEXT_LOSS",
-        "SFT_REPEAT_STEPS", "SFT_REPEAT_WORLDS", "SFT_PRIVILEGED_FRAC")
+        "SFT_BATCH", "SFT_LR", "SFT_NOISE", "SFT_STOP_EARLY", "SFT_PARTIAL_NAME",
+        "SFT_CONTEXT_LOSS", "SFT_REPEAT_STEPS", "SFT_REPEAT_WORLDS", "SFT_PRIVILEGED_FRAC")
 
 
 def batch(cfg, tokenizer, step):
@@ -42,11 +42,14 @@ def batch(cfg, tokenizer, step):
     for _ in range(cfg["SFT_BATCH"]):
         q = rng.choice(questions)
         privileged = rng.random() < cfg["SFT_PRIVILEGED_FRAC"]
-        ep = toy_world.expert_episode(q, world, noise=0.0 if privileged else cfg["SFT_NOISE"], rng=rng,
-                                      max_turns=cfg["MAX_TURNS"], top_k=cfg["TOP_K"],
-                                      stop_early=0.0 if privileged else cfg["SFT_STOP_EARLY"],
-                                      partial_name=0.0 if privileged else cfg["SFT_PARTIAL_NAME"])
-        tr = model.encode_episode(tokenizer, model.render_prompt(tokenizer, q), ep.turns, ep.observations)
+        # A clean demonstration under the privileged context; a noisy one with its habits.
+        ep = toy_world.expert_episode(
+            q, world, noise=0.0 if privileged else cfg["SFT_NOISE"], rng=rng,
+            max_turns=cfg["MAX_TURNS"], top_k=cfg["TOP_K"],
+            stop_early=0.0 if privileged else cfg["SFT_STOP_EARLY"],
+            partial_name=0.0 if privileged else cfg["SFT_PARTIAL_NAME"])
+        prompt = model.render_prompt(tokenizer, q)
+        tr = model.encode_episode(tokenizer, prompt, ep.turns, ep.observations)
         # Out of the context loss: position 0 (nothing predicts it) and the privileged blocks.
         skipped = [0]
         if privileged:

@@ -10,7 +10,7 @@ Parts, in order; each runs in its own process under a time box, and a part that 
 out of time is recorded with the end of its output while the next one still runs:
 
 * versions   python, torch, CUDA, transformers, tokenizers, the device and its driver;
-* tests      the test suite with DEVICE=cuda (tests/conftest.py hands it to the tests that
+* tests      the test suite with DEVICE=cuda (conftest.py hands it to the tests that
              take a device: the model, rollouts, losses and the train.py smoke runs);
 * memory     lab/gpu_memory.py, once per probe: a random model of Qwen2.5-0.5B-Instruct's exact
              shape (no download) put through two RL updates of the Qwen preset (policy forward and
@@ -19,7 +19,7 @@ out of time is recorded with the end of its output while the next one still runs
              Qwen2.5-1.5B with it; torch.cuda.max_memory_allocated beside that page's estimate;
 * train      config/gpu-small.py cut short: warm-up and RL wall times, seconds per step, held-out
              EM at the end, and the full preset's time projected from them;
-* bench      bench.py on the device: the EviSD/GRPO step ratio, rollout beside plain generate;
+* bench      lab/bench.py on the device: the EviSD/GRPO step ratio, rollout beside plain generate;
 * torchrun   train.py under ``torchrun --nproc_per_node=1`` for two RL steps (NCCL on CUDA).
 
 Results go to OUT/gpu-check.json and OUT/gpu-check.md (rewritten after every part, so a kill
@@ -168,7 +168,7 @@ print(json.dumps({"python": platform.python_version(), "torch": torch.__version_
 
 def part_tests(check):
     # The dry mode runs one small file: the whole suite would run this very check again.
-    targets = ["tests/test_grpo.py"] if check.dry else ["tests", "--ignore=lab/tests/test_gpu_check.py"]
+    targets = ["tests/test_grpo.py"] if check.dry else ["tests", "lab/tests", "--ignore=lab/tests/test_gpu_check.py"]
     rc, output = check.python("-m", "pytest", "-q", "-p", "no:cacheprovider", *targets,
                               env={"DEVICE": check.device})
     counts = {k: int(n) for n, k in re.findall(r"(\d+) (passed|failed|errors?|skipped)", tail(output, 3))}
@@ -244,7 +244,7 @@ def part_bench(check):
     path = os.path.join(check.work, "bench.json")
     extra = ["--sizes", "tiny", "--repeats", "1", "--QUESTIONS_PER_STEP=2", "--GROUP_SIZE=2",
              "--MAX_NEW_TOKENS=12"] if check.dry else ["--repeats", "2"]
-    rc, output = check.python("bench.py", "--device", check.device, "--json", path, *extra)
+    rc, output = check.python("lab/bench.py", "--device", check.device, "--json", path, *extra)
     expect(rc, output, "bench.py")
     result = json.load(open(path))
     keep = ("params", "episodes", "gen_tokens", "rollout_tok_s", "generate_tok_s", "rollout_s", "teacher_s",

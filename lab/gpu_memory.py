@@ -14,6 +14,7 @@ import random
 import resource
 import sys
 import time
+from unittest import mock
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
@@ -21,7 +22,7 @@ sys.path.insert(0, ROOT)
 import torch  # noqa: E402
 from transformers import Qwen2Config, Qwen2ForCausalLM  # noqa: E402
 
-import grpo  # noqa: E402
+import evisd  # noqa: E402
 import model as M  # noqa: E402
 import runs  # noqa: E402
 import toy_world as tw  # noqa: E402
@@ -98,18 +99,22 @@ def probe_memory(shape, checkpointing, dry, path):
         M.enable_checkpointing(lm)
     ref = copy.deepcopy(lm).to(dtype).eval().requires_grad_(False)
     opt = torch.optim.AdamW(lm.parameters(), lr=cfg["LR"], weight_decay=0.0)
-    policy = grpo.SyncedPolicy(lm)
     cuda = device.type == "cuda"
     if cuda:
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()
     seconds = []
-    for _ in range(2):
-        t0 = time.perf_counter()
-        metrics = train.update(cfg, batch, world, policy, lm, ref, tok, opt, device, dtype)
-        if cuda:
-            torch.cuda.synchronize()
-        seconds.append(round(time.perf_counter() - t0, 2))
+    # train.rl_step itself, its world and rollout replaced by the worst-case batch (as lab/bench.py does).
+    with mock.patch.object(train, "step_world", lambda cfg, step: world), \
+            mock.patch.object(train.model, "rollout", lambda *args, **kwargs: batch):
+        for _ in range(2):
+            t0 = time.perf_counter()
+            metrics, record = train.rl_step(cfg, 0, lm, ref, tok, opt)
+            if cuda:
+                torch.cuda.synchronize()
+            seconds.append(round(time.perf_counter() - t0, 2))
+    metrics.update(evisd.gap_stats(record["adv"], record["gap"], record["token_adv"], batch.gen_mask.to(device),
+                                   batch.action_kind.to(device)))
     params = sum(p.numel() for p in lm.parameters())
     hidden, layers, mlp = SHAPES[shape]["hidden_size"], SHAPES[shape]["num_hidden_layers"], SHAPES[shape]["intermediate_size"]
     tokens = int(batch.attention_mask.numel())

@@ -27,6 +27,7 @@ import evaluate  # noqa: E402
 import model as M  # noqa: E402
 import runs  # noqa: E402
 import train  # noqa: E402
+import warmup  # noqa: E402
 
 PREV_TOKEN_HEAD = M.prev_token_head   # before --init offsetK replaces it for one probe
 
@@ -85,7 +86,7 @@ def main(argv):
             M.prev_token_head = functools.partial(PREV_TOKEN_HEAD, back=int(args.init.removeprefix("offset")))
         device, dtype = runs.pick_device(cfg)
         started = time.perf_counter()
-        lm, tok = train.build_model(cfg, device)
+        lm, tok = train.build_policy(cfg, device)
         if args.init == "zero-proj":
             with torch.no_grad():
                 for layer in lm.model.layers:
@@ -101,7 +102,7 @@ def main(argv):
                 std = float(args.init.removeprefix("qk").removeprefix("all"))
                 for w in matrices:
                     w.copy_(torch.randn(w.shape, generator=generator) * std)
-        path = train.supervised_warmup(cfg, lm, tok, device, dtype, rank=0)
+        path = warmup.run(cfg, lm, tok, rank=0)
         state = torch.load(os.path.join(path, "state.pt"), weights_only=False)
         losses = state.get("losses", [])
         em = evaluate.cached_em(path, lm.eval(), tok, cfg, args.worlds, validation=True)

@@ -14,7 +14,7 @@ def _worker(rank, out_dir, port):
     os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE="2",
                       MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     # Each rank gets different advantages, so its local gradients differ: the ranks can only
-    # agree at the end if DDP really averages the gradients.
+    # agree at the end if the gradients really are averaged (runs.all_reduce_gradients).
     gen = torch.Generator().manual_seed(rank)
     train.grpo.group_advantages = lambda rewards, group_size: torch.randn(len(rewards), generator=gen)
     lm = train.main(TINY + ["--RL_STEPS=2", "--EVAL_EVERY=0", "--DEVICE=cpu", "--LR=0.01",

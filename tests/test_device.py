@@ -8,30 +8,31 @@ import torch
 
 import evisd
 import grpo
-import model as M
+import model
 import runs
-import search_env as se
+import search_env
 import train
-from bench import expert_rollouts
+import warmup
 from conftest import DEVICE
 from test_model import _check_masks, tok, trained, world  # noqa: F401 (fixtures)
 
-device = torch.device(DEVICE)
-# The dtype train.py computes in on this device (bf16 autocast on CUDA), and how far its
-# log-probs may sit from the CPU's float32 ones: bf16 keeps 8 mantissa bits (0.4%).
-_, dtype = runs.pick_device({"DEVICE": DEVICE, "DTYPE": "auto"})
+# train.py's config on this device, every "auto" resolved: the dtype it computes in (bf16
+# autocast on CUDA), and how far its log-probs may sit from the CPU's float32 ones: bf16 keeps
+# 8 mantissa bits (0.4%).
+CFG = train.configure([f"--DEVICE={DEVICE}", "--GROUP_SIZE=4"])[0]
+device, dtype = runs.pick_device(CFG)
 LOGP_ATOL = 1e-5 if dtype == torch.float32 else 0.05
 
 
 def test_token_logprobs_on_the_device_match_the_cpu(trained, world, tok):
     q = world.split("train")[0]
-    ids = torch.tensor([tok.encode(M.render_prompt(tok, q) + "<think> x </think><search> a b </search>")])
+    ids = torch.tensor([tok.encode(model.render_prompt(tok, q) + "<think> x </think><search> a b </search>")])
     mask = torch.ones_like(ids)
     with torch.no_grad():
-        cpu = M.token_logprobs(trained, ids, mask)
+        cpu = model.token_logprobs(trained, ids, mask)
         on_device = copy.deepcopy(trained).to(device)
-        with M.autocast(device, dtype):
-            got = M.token_logprobs(on_device, ids.to(device), mask.to(device))
+        with model.autocast(device, dtype):
+            got = model.token_logprobs(on_device, ids.to(device), mask.to(device))
     assert got.device.type == device.type and got.dtype == torch.float32
     assert (got.cpu() - cpu).abs().max() < LOGP_ATOL
 
@@ -41,8 +42,8 @@ def test_cached_rollout_on_the_device_matches_a_fresh_forward(trained, world, to
     argmax of a plain forward over its transcript (float32, so no rounding can flip a tie)."""
     lm = copy.deepcopy(trained).to(device)
     qs = world.split("train")[:6]
-    env = lambda q: se.SearchEnv(world, q, max_turns=1 + qs.index(q) % 3)
-    r = M.rollout(lm, tok, env, qs, max_turns=3, max_new_tokens=24, greedy=True)
+    envs = [search_env.SearchEnv(world, q, max_turns=1 + i % 3) for i, q in enumerate(qs)]
+    r = model.rollout(lm, tok, envs, max_new_tokens=24, greedy=True)
     assert r.input_ids.device.type == "cpu"              # results come back for the env and the masks
     _check_masks(r, tok, world)
     with torch.no_grad():
@@ -56,20 +57,22 @@ def test_cached_rollout_on_the_device_matches_a_fresh_forward(trained, world, to
 def sampled(trained, world, tok):
     """The trained model on the device and a batch of noisy expert episodes with mixed rewards
     (what a warmed-up policy samples: real action spans, some right, some wrong)."""
-    cfg = dict({k: getattr(train, k) for k in train.CONFIG_KEYS}, GROUP_SIZE=4)
-    r = expert_rollouts(cfg, tok, world, world.split("train")[:4])
+    r = warmup.expert_rollouts(CFG, tok, world, world.split("train")[:4])
     assert 0 < r.rewards.sum() < len(r.rewards)
     return copy.deepcopy(trained).to(device), r
 
 
 def test_evisd_advantages_on_the_device_are_bounded_and_keep_the_sign(sampled, world, tok):
     lm, r = sampled
-    cfg = {k: getattr(train, k) for k in train.CONFIG_KEYS}
+    cfg = CFG
     adv = grpo.group_advantages(r.rewards, 4).to(device)                               # [N]
-    with torch.no_grad(), M.autocast(device, dtype):
-        logp = M.token_logprobs(lm, r.input_ids.to(device), r.attention_mask.to(device),
+    with torch.no_grad(), model.autocast(device, dtype):
+        logp = model.token_logprobs(lm, r.input_ids.to(device), r.attention_mask.to(device),
                                 r.gen_mask.to(device), temperature=cfg["TEMPERATURE"])  # [N, T]
-        token_adv, stats, lp_teacher = evisd.step_advantages(lm, tok, cfg, world, r, adv, logp)
+        token_adv, lp_teacher = evisd.corrected_advantages(lm, tok, world, r, adv, logp,
+                                                           train.evisd_settings(cfg))
+    stats = evisd.gap_stats(adv, lp_teacher - logp, token_adv, r.gen_mask.to(device),
+                            r.action_kind.to(device))
     assert token_adv.device.type == device.type and token_adv.shape == r.input_ids.shape
     gen, A = r.gen_mask.to(device).bool(), adv[:, None].expand_as(token_adv)
     assert (token_adv[~gen] == 0).all()
@@ -80,17 +83,22 @@ def test_evisd_advantages_on_the_device_are_bounded_and_keep_the_sign(sampled, w
 
 
 @pytest.mark.parametrize("method", ["grpo", "evisd"])
-def test_one_update_on_the_device_moves_the_weights(sampled, world, tok, method):
+def test_one_update_on_the_device_moves_the_weights(sampled, world, tok, method, monkeypatch):
+    """train.rl_step on the device, its world and rollout replaced by the sampled batch."""
     lm, r = sampled
     lm = copy.deepcopy(lm)
-    cfg = dict({k: getattr(train, k) for k in train.CONFIG_KEYS}, METHOD=method, LR=1e-3, GROUP_SIZE=4)
+    cfg = dict(CFG, METHOD=method, LR=1e-3)
     ref = copy.deepcopy(lm).to(dtype).eval().requires_grad_(False)
     before = [p.detach().clone() for p in lm.parameters()]
     opt = torch.optim.AdamW(lm.parameters(), lr=cfg["LR"])
-    metrics = train.update(cfg, r, world, grpo.SyncedPolicy(lm), lm, ref, tok, opt, device, dtype)
+    monkeypatch.setattr(train, "step_world", lambda cfg, step: world)
+    monkeypatch.setattr(train.model, "rollout", lambda *args, **kwargs: r)
+    metrics, record = train.rl_step(cfg, 0, lm, ref, tok, opt)
     assert "nonfinite_loss" not in metrics and metrics["kl"] >= 0
     assert max((p.detach() - b).abs().max().item() for p, b in zip(lm.parameters(), before)) > 1e-5
-    assert ("modulated_frac" in metrics) == (method == "evisd")
+    beside = train.measure_beside(cfg, record)
+    assert ("modulated_frac" in beside) == (method == "evisd")
+    assert (record["gap"] != 0).any() == (method == "evisd")
 
 
 def test_gradient_checkpointing_on_the_device_gives_the_same_gradients(tok):
@@ -98,9 +106,9 @@ def test_gradient_checkpointing_on_the_device_gives_the_same_gradients(tok):
     mask = torch.tensor([[1] * 7, [1] * 5 + [0] * 2], device=device)
     grads = []
     for checkpointing in (False, True):
-        lm = M.build_model(tok, "tiny").to(device).train()
+        lm = model.build_model(tok, "tiny").to(device).train()
         if checkpointing:
-            M.enable_checkpointing(lm)
-        M.token_logprobs(lm, ids, mask, chunk=3).sum().backward()
+            model.enable_checkpointing(lm)
+        model.token_logprobs(lm, ids, mask, chunk=3).sum().backward()
         grads.append([p.grad for p in lm.parameters()])
     assert all(torch.allclose(a, b, atol=1e-5) for a, b in zip(*grads))

@@ -3,13 +3,30 @@ import pytest
 import torch
 
 import evisd
-import model as M
-import search_env as se
-import toy_world as tw
+import model
+import search_env
+import toy_world
+import train
 
-S, A_ = M.KIND_IDS["search"], M.KIND_IDS["answer"]
+S, A_ = model.KIND_IDS["search"], model.KIND_IDS["answer"]
 # One block before the first search, one before the opening <answer>: the simplest placement.
-FIRST_AND_BEFORE = evisd.Privilege(evidence_at="first", answer_at="tag")
+FIRST_AND_BEFORE = evisd.Settings(evidence_at="first", answer_at="tag")
+
+
+def correct(adv, lp_s, lp_t, gen, kind, eps=0.2, tau=0.0, use_search=True, use_answer=True,
+            bounded=True, keep_mask=None):
+    """evisd.bounded_correction on the action spans of the kinds asked for (less ``keep_mask``),
+    as correction_mask selects them, and the gap statistics the training log keeps."""
+    mask = torch.zeros_like(gen, dtype=torch.bool)
+    if use_search:
+        mask |= kind == S
+    if use_answer:
+        mask |= kind == A_
+    mask &= gen.bool()
+    if keep_mask is not None:
+        mask &= ~keep_mask
+    out = evisd.bounded_correction(adv, lp_t - lp_s, gen, mask, eps, tau, bounded)
+    return out, evisd.gap_stats(adv.detach(), (lp_t - lp_s).detach(), out, gen, kind)
 
 
 def _batch(seed=0):
@@ -28,7 +45,7 @@ def _batch(seed=0):
 def test_sign_preserved_and_bounded(A):
     kind, gen, info, lp_s, lp_t = _batch()
     adv = torch.tensor(A)
-    out, stats = evisd.evisd_advantages(adv, lp_s, lp_t, gen, kind, eps=0.2)
+    out, stats = correct(adv, lp_s, lp_t, gen, kind, eps=0.2)
     a = adv[:, None].expand_as(out)
     on = gen.bool()
     assert (torch.sign(out[on]) == torch.sign(a[on])).all()
@@ -45,7 +62,7 @@ def test_formula_on_one_token():
     lp_t = lp_s.clone()
     lp_t[0, 4] = lp_s[0, 4] + 0.1                                 # teacher likes this search token
     lp_t[1, 11] = lp_s[1, 11] - 0.05                              # teacher dislikes this answer token
-    out, _ = evisd.evisd_advantages(torch.tensor([2.0, -1.0]), lp_s, lp_t, gen, kind, eps=0.2)
+    out, _ = correct(torch.tensor([2.0, -1.0]), lp_s, lp_t, gen, kind, eps=0.2)
     assert out[0, 4].item() == pytest.approx(2.0 * torch.exp(torch.tensor(0.1)).item(), rel=1e-5)
     assert out[1, 11].item() == pytest.approx(-1.0 * torch.exp(torch.tensor(0.05)).item(), rel=1e-5)
 
@@ -53,10 +70,10 @@ def test_formula_on_one_token():
 def test_zero_gap_is_plain_grpo_and_zero_advantage_is_zero():
     kind, gen, _, lp_s, _ = _batch()
     adv = torch.tensor([0.9, -0.4])
-    out, stats = evisd.evisd_advantages(adv, lp_s, lp_s.clone(), gen, kind)
+    out, stats = correct(adv, lp_s, lp_s.clone(), gen, kind)
     assert torch.equal(out, adv[:, None] * gen) and stats["modulated_frac"] == 0
     kind, gen, _, lp_s, lp_t = _batch()
-    out, _ = evisd.evisd_advantages(torch.zeros(2), lp_s, lp_t, gen, kind)
+    out, _ = correct(torch.zeros(2), lp_s, lp_t, gen, kind)
     assert (out == 0).all()
 
 
@@ -64,17 +81,17 @@ def test_kind_switches_tau_and_unbounded():
     kind, gen, _, lp_s, lp_t = _batch()
     adv = torch.tensor([1.0, -1.0])
     plain = adv[:, None].expand(2, 14) * gen
-    out, _ = evisd.evisd_advantages(adv, lp_s, lp_t, gen, kind, use_search=False)
+    out, _ = correct(adv, lp_s, lp_t, gen, kind, use_search=False)
     assert torch.equal(out[kind == S], plain[kind == S])
     assert not torch.equal(out[kind == A_], plain[kind == A_])
-    out, _ = evisd.evisd_advantages(adv, lp_s, lp_t, gen, kind, use_answer=False)
+    out, _ = correct(adv, lp_s, lp_t, gen, kind, use_answer=False)
     assert torch.equal(out[kind == A_], plain[kind == A_])
-    out, stats = evisd.evisd_advantages(adv, lp_s, lp_t, gen, kind, tau=100.0)
+    out, stats = correct(adv, lp_s, lp_t, gen, kind, tau=100.0)
     assert torch.equal(out, plain) and stats["modulated_frac"] == 0
     lp_t = lp_s + 2.0                                              # big gap: the clip matters
-    out, _ = evisd.evisd_advantages(adv, lp_s, lp_t, gen, kind, bounded=True)
+    out, _ = correct(adv, lp_s, lp_t, gen, kind, bounded=True)
     assert out[0, 4].item() == pytest.approx(1.2)
-    out, _ = evisd.evisd_advantages(adv, lp_s, lp_t, gen, kind, bounded=False)
+    out, _ = correct(adv, lp_s, lp_t, gen, kind, bounded=False)
     assert out[0, 4].item() == pytest.approx(torch.exp(torch.tensor(2.0)).item(), rel=1e-5)
     assert out[1, 4].item() == pytest.approx(-torch.exp(torch.tensor(-2.0)).item(), rel=1e-5)
 
@@ -84,8 +101,8 @@ def test_keep_mask_leaves_the_decision_tags_at_plain_a():
     adv = torch.tensor([1.0, -1.0])
     tags = torch.zeros_like(gen, dtype=torch.bool)
     tags[:, [4, 11]] = True                                        # the opening <search>, <answer>
-    out, _ = evisd.evisd_advantages(adv, lp_s, lp_t, gen, kind, keep_mask=tags)
-    full, _ = evisd.evisd_advantages(adv, lp_s, lp_t, gen, kind)
+    out, _ = correct(adv, lp_s, lp_t, gen, kind, keep_mask=tags)
+    full, _ = correct(adv, lp_s, lp_t, gen, kind)
     assert torch.equal(out[tags], adv[:, None].expand(2, 14)[tags])
     assert torch.equal(out[~tags], full[~tags])                    # the content is corrected as before
 
@@ -94,7 +111,7 @@ def test_no_gradient_flows():
     kind, gen, _, lp_s, lp_t = _batch()
     lp_s.requires_grad_(True)
     lp_t.requires_grad_(True)
-    out, _ = evisd.evisd_advantages(torch.tensor([1.0, -1.0], requires_grad=True), lp_s, lp_t, gen, kind)
+    out, _ = correct(torch.tensor([1.0, -1.0], requires_grad=True), lp_s, lp_t, gen, kind)
     assert not out.requires_grad
 
 
@@ -103,7 +120,7 @@ def test_gap_stats_by_sign():
     lp_t = lp_s.clone()
     lp_t[0] += 0.3                                                 # A > 0 episode: teacher +0.3
     lp_t[1] -= 1.0                                                 # A < 0 episode: teacher -1.0
-    _, st = evisd.evisd_advantages(torch.tensor([1.0, -1.0]), lp_s, lp_t, gen, kind)
+    _, st = correct(torch.tensor([1.0, -1.0]), lp_s, lp_t, gen, kind)
     assert st["search_gap_pos"] == pytest.approx(0.3, abs=1e-5)
     assert st["answer_gap_neg"] == pytest.approx(-1.0, abs=1e-5)
     assert st["search_tokens"] == 6 and st["answer_tokens"] == 4
@@ -115,20 +132,20 @@ def setup(request):
     """An expert episode encoded by the embedded tokenizer (every tag one token) or by the
     pretrained-style stand-in of conftest.py (every tag several tokens)."""
     if request.param == "embedded":
-        tok = M.build_tokenizer(M.tokenizer_texts(seeds=(0,)))
+        tok = model.build_tokenizer(model.tokenizer_texts(seeds=(0,)))
     else:
-        tok = M.load_model(request.getfixturevalue("standin_dir"), local_files_only=True)[1]
-    world = tw.make_world(seed=5, n_people=20, n_cities=8, n_countries=3, n_films=8, n_companies=6)
+        tok = model.load_model(request.getfixturevalue("standin_dir"), local_files_only=True)[1]
+    world = toy_world.make_world(seed=5, n_people=20, n_cities=8, n_countries=3, n_films=8, n_companies=6)
     q = [q for q in world.split("train") if q.hops == 2][0]
-    ep = tw.expert_episode(q, world)
-    tr = M.encode_episode(tok, M.render_prompt(tok, q), ep.turns, ep.observations)
+    ep = toy_world.expert_episode(q, world)
+    tr = model.encode_episode(tok, model.render_prompt(tok, q), ep.turns, ep.observations)
     return tok, world, q, tr
 
 
 def test_teacher_context_placement(setup):
     tok, world, q, tr = setup
     ev, ans = evisd.privileged_ids(tok, q, world)
-    assert tok.decode(ev) == se.format_information(world.evidence_docs(q))
+    assert tok.decode(ev) == search_env.format_information(world.evidence_docs(q))
     teacher, pos = evisd.insert_privileged(tr, ev, ans, FIRST_AND_BEFORE)
     s1 = next(s for s, _, k, _ in tr.spans if k == "search")
     sa = next(s for s, _, k, _ in tr.spans if k == "answer")
@@ -153,7 +170,7 @@ def test_teacher_context_placement(setup):
 def test_teacher_answer_block_never_before_search(setup):
     tok, world, q, tr = setup
     ev, ans = evisd.privileged_ids(tok, q, world)
-    teacher, _ = evisd.insert_privileged(tr, ev, ans, evisd.Privilege(evidence=False), tok)
+    teacher, _ = evisd.insert_privileged(tr, ev, ans, evisd.Settings(evidence=False), tok)
     last_search_end = max(e for _, e, k, _ in teacher.spans if k == "search")
     assert teacher.ids[:last_search_end] == tr.ids[:last_search_end]   # no block before searches
     assert len(teacher.ids) == len(tr.ids) + len(ans)
@@ -162,26 +179,26 @@ def test_teacher_answer_block_never_before_search(setup):
 def _three_search_episode(tok, world):
     """Searches for both hops and one repeat, then the answer: three search spans."""
     q = [q for q in world.split("train") if q.hops == 2][0]
-    env = se.SearchEnv(world, q, max_turns=4)
+    env = search_env.SearchEnv(world, q, max_turns=4)
     turns = [f"<think> x. </think><search> {e} </search>" for e in q.hop_queries + q.hop_queries[:1]]
     turns.append(f"<think> y. </think><answer> {q.answers[0]} </answer>")
     observations = [env.step(t).observation for t in turns]
-    return q, M.encode_episode(tok, M.render_prompt(tok, q), turns, observations)
+    return q, model.encode_episode(tok, model.render_prompt(tok, q), turns, observations)
 
 
 def test_evidence_before_every_search_and_answer_block_after_the_tag(setup):
     tok, world, _, _ = setup
     q, tr = _three_search_episode(tok, world)
     ev, ans = evisd.privileged_ids(tok, q, world)
-    every = evisd.Privilege(evidence_at="every", answer_at="content")
+    every = evisd.Settings(evidence_at="every", answer_at="content")
     teacher, pos = evisd.insert_privileged(tr, ev, ans, every, tok)
     assert sum(p < 0 for p in pos) == 3 * len(ev) + len(ans)
     for s, e, k, _ in teacher.spans:
         if k == "search":                                          # a block right before each search
             assert teacher.ids[s - len(ev):s] == ev
     (s, e), (s0, e0) = [(s, e) for t in (teacher, tr) for s, e, k, _ in t.spans if k == "answer"]
-    cut = M.tag_length(tok, tr.ids[s0:e0], "answer")
-    assert se.ANSWER in tok.decode(teacher.ids[s:s + cut])                    # the decision comes first,
+    cut = model.tag_length(tok, tr.ids[s0:e0], "answer")
+    assert search_env.ANSWER in tok.decode(teacher.ids[s:s + cut])                    # the decision comes first,
     assert teacher.ids[s + cut:s + cut + len(ans)] == ans                      # then the golden answer
     kept = [teacher.ids[j] for j in range(s, e) if pos[j] >= 0]
     assert kept == tr.ids[s0:e0] and e - s == e0 - s0 + len(ans)   # the span holds its block
@@ -193,93 +210,96 @@ def test_evidence_before_every_search_and_answer_block_after_the_tag(setup):
 
 def test_decision_tags_mark_the_opening_tag_tokens(setup):
     tok, world, q, tr = setup
-    b = M.collate([tr], tok.pad_token_id)
-    r = M.Rollouts(**b, rewards=torch.tensor([1.0]), answers=[None], turns=torch.tensor([3]), questions=[q])
-    tags = evisd.decision_tags(r, tok)[0]
+    b = model.collate([tr], tok.pad_token_id)
+    r = model.Rollouts(**b, rewards=torch.tensor([1.0]), answers=[None], turns=torch.tensor([3]), questions=[q])
+    # What span="content" leaves out of the correction: each action's decision tag.
+    tags = (evisd.correction_mask(r, tok, evisd.Settings())
+            & ~evisd.correction_mask(r, tok, evisd.Settings(span="content")))[0]
     for s, e, k, _ in tr.spans:
-        if k in M.KIND_IDS:
+        if k in model.KIND_IDS:
             n = int(tags[s:e].sum())
             assert n >= 1 and tags[s:s + n].all()                  # a prefix of the span
-            opening = se.SEARCH if k == "search" else se.ANSWER
+            opening = search_env.SEARCH if k == "search" else search_env.ANSWER
             assert opening in tok.decode(tr.ids[s:s + n]) and opening not in tok.decode(tr.ids[s:s + n - 1])
-    assert int(tags.sum()) == sum(M.tag_length(tok, tr.ids[s:e], k) for s, e, k, _ in tr.spans if k in M.KIND_IDS)
+    assert int(tags.sum()) == sum(model.tag_length(tok, tr.ids[s:e], k) for s, e, k, _ in tr.spans if k in model.KIND_IDS)
 
 
 def test_teacher_logprobs_align_with_a_manual_forward(setup):
     tok, world, q, tr = setup
-    lm = M.build_model(tok, "tiny").eval()
-    b = M.collate([tr, tr], tok.pad_token_id)
-    r = M.Rollouts(**b, rewards=torch.tensor([1.0, 0.0]), answers=[None, None],
+    lm = model.build_model(tok, "tiny").eval()
+    b = model.collate([tr, tr], tok.pad_token_id)
+    r = model.Rollouts(**b, rewards=torch.tensor([1.0, 0.0]), answers=[None, None],
                    turns=torch.tensor([3, 3]), questions=[q, q])
-    batch = evisd.teacher_inputs(r, world, tok, FIRST_AND_BEFORE)
+    batch = evisd.teacher_batch(tok, world, r, [0, 1], FIRST_AND_BEFORE)
     lp_s = torch.full(r.input_ids.shape, -7.0)
-    lp_t = evisd.teacher_logprobs(lm, batch, lp_s)
+    lp_t = evisd.teacher_logprobs(lm, tok, world, r, lp_s, [0, 1], FIRST_AND_BEFORE)
     ev, ans = evisd.privileged_ids(tok, q, world)
     teacher, pos = evisd.insert_privileged(tr, ev, ans, FIRST_AND_BEFORE)
-    full = M.token_logprobs(lm, torch.tensor([teacher.ids]), torch.ones(1, len(teacher.ids), dtype=torch.long))[0]
+    full = model.token_logprobs(lm, torch.tensor([teacher.ids]), torch.ones(1, len(teacher.ids), dtype=torch.long))[0]
     scored = (r.action_kind[0] > 0)
     assert scored.sum() > 0 and (lp_t[0][~scored] == -7.0).all()   # unscored: the student's value
     for j, p in enumerate(pos):
         if p >= 0 and scored[p]:
             assert lp_t[0, p].item() == pytest.approx(full[j].item(), abs=1e-5)
     assert torch.allclose(lp_t[0], lp_t[1])
-    sub = evisd.teacher_inputs(r, world, tok, FIRST_AND_BEFORE, rows=[1])               # only some episodes
-    assert torch.allclose(evisd.teacher_logprobs(lm, sub, lp_s[1:]), lp_t[1:], atol=1e-6)
+    sub = evisd.teacher_logprobs(lm, tok, world, r, lp_s, [1], FIRST_AND_BEFORE)   # only some episodes
+    assert torch.allclose(sub[1], lp_t[1], atol=1e-6) and (sub[0] == -7.0).all()
     # The teacher batch is cut after the last scored token.
     assert batch["input_ids"].shape[1] == max(j for j, p in enumerate(pos) if p >= 0 and scored[p]) + 1
 
 
 def test_teacher_scores_selects_rows_and_scores_duplicates_once(setup, monkeypatch):
     tok, world, q, tr = setup
-    lm = M.build_model(tok, "tiny").eval()
-    other = M.encode_episode(tok, M.render_prompt(tok, q), *_noisy_turns(world, q))
-    b = M.collate([tr, other, tr, tr], tok.pad_token_id)
-    r = M.Rollouts(**b, rewards=torch.zeros(4), answers=[None] * 4, turns=torch.full((4,), 3),
+    lm = model.build_model(tok, "tiny").eval()
+    other = model.encode_episode(tok, model.render_prompt(tok, q), *_noisy_turns(world, q))
+    b = model.collate([tr, other, tr, tr], tok.pad_token_id)
+    r = model.Rollouts(**b, rewards=torch.zeros(4), answers=[None] * 4, turns=torch.full((4,), 3),
                    questions=[q] * 4)
     lp_s = torch.full(r.input_ids.shape, -7.0)
-    expected = evisd.teacher_logprobs(lm, evisd.teacher_inputs(r, world, tok), lp_s)  # every row
+    settings = evisd.Settings()
+    # Every row on its own, one teacher sequence each.
+    expected = torch.stack([evisd.teacher_logprobs(lm, tok, world, r, lp_s, [i], settings)[i]
+                            for i in range(4)])
     seen = []
-    real = evisd.teacher_inputs
-    monkeypatch.setattr(evisd, "teacher_inputs", lambda *a, **k: seen.append(k["rows"]) or real(*a, **k))
-    got = evisd.teacher_scores(lm, r, world, tok, lp_s, rows=[0, 1, 2])
+    real = evisd.teacher_batch
+    monkeypatch.setattr(evisd, "teacher_batch", lambda *a: seen.append(a[3]) or real(*a))
+    got = evisd.teacher_logprobs(lm, tok, world, r, lp_s, [0, 1, 2], settings)
     assert seen == [[0, 1]]                       # rows 0 and 2 are the same episode: one pass
     assert torch.allclose(got[:3], expected[:3], atol=1e-6)
     assert (got[3] == -7.0).all()                 # not selected: the student's log-prob, zero gap
-    assert (evisd.teacher_scores(lm, r, world, tok, lp_s, rows=[]) == -7.0).all()
+    assert (evisd.teacher_logprobs(lm, tok, world, r, lp_s, [], settings) == -7.0).all()
 
 
 def _noisy_turns(world, q):
     import random
     for seed in range(50):
-        ep = tw.expert_episode(q, world, noise=1.0, rng=random.Random(seed))
+        ep = toy_world.expert_episode(q, world, noise=1.0, rng=random.Random(seed))
         if ep.turns[0].count("<search>") and ep.reward == 0:
             return ep.turns, ep.observations
     raise AssertionError("no noisy episode with a search")
 
 
-def test_step_advantages_is_teacher_scores_then_the_correction(setup):
+def test_corrected_advantages_is_the_teacher_then_the_correction(setup):
     tok, world, q, tr = setup
-    lm = M.build_model(tok, "tiny").eval()
-    other = M.encode_episode(tok, M.render_prompt(tok, q), *_noisy_turns(world, q))
-    b = M.collate([tr, other, tr, other], tok.pad_token_id)
-    r = M.Rollouts(**b, rewards=torch.tensor([1.0, 0.0, 1.0, 0.0]), answers=[None] * 4,
+    lm = model.build_model(tok, "tiny").eval()
+    other = model.encode_episode(tok, model.render_prompt(tok, q), *_noisy_turns(world, q))
+    b = model.collate([tr, other, tr, other], tok.pad_token_id)
+    r = model.Rollouts(**b, rewards=torch.tensor([1.0, 0.0, 1.0, 0.0]), answers=[None] * 4,
                    turns=torch.full((4,), 3), questions=[q] * 4)
     adv = torch.tensor([1.0, -1.0, 0.0, 0.0])        # the last two: A = 0, never re-scored
     with torch.no_grad():
-        lp_s = M.token_logprobs(lm, r.input_ids, r.attention_mask, r.gen_mask)
+        lp_s = model.token_logprobs(lm, r.input_ids, r.attention_mask, r.gen_mask)
     cfg = dict(METHOD="evisd", USE_SEARCH_EVIDENCE=True, USE_ANSWER_PRIVILEGE=True, EVIDENCE_AT="every",
                ANSWER_AT="content", EVISD_SPAN="content", EVISD_EPS=0.5, EVISD_TAU=0.0,
                BOUNDED=True, TEMPERATURE=1.0)
-    token_adv, _, lp_t = evisd.step_advantages(lm, tok, cfg, world, r, adv, lp_s)
-    privilege = evisd.Privilege.from_config(cfg)
-    expected_t = evisd.teacher_scores(lm, r, world, tok, lp_s, [0, 1], privilege)
+    settings = train.evisd_settings(cfg)
+    token_adv, lp_t = evisd.corrected_advantages(lm, tok, world, r, adv, lp_s, settings)
+    expected_t = evisd.teacher_logprobs(lm, tok, world, r, lp_s, [0, 1], settings)
     assert torch.allclose(lp_t, expected_t) and torch.equal(lp_t[2:], lp_s[2:])
-    tags = evisd.decision_tags(r, tok)
-    expected, _ = evisd.evisd_advantages(adv, lp_s, expected_t, r.gen_mask, r.action_kind, eps=0.5,
-                                         keep_mask=tags)
+    tags = (evisd.correction_mask(r, tok, evisd.Settings())
+            & ~evisd.correction_mask(r, tok, settings))
+    expected, _ = correct(adv, lp_s, expected_t, r.gen_mask, r.action_kind, eps=0.5,
+                          keep_mask=tags)
     assert torch.allclose(token_adv, expected)
     assert torch.equal(token_adv[tags], adv[:, None].expand_as(token_adv)[tags])   # the tags keep A
     assert not torch.equal(token_adv[:2], adv[:2, None] * r.gen_mask[:2])          # the rest moved
-    # GRPO through the same function: A on every generated token, and no teacher.
-    grpo_adv, stats, lp_g = evisd.step_advantages(lm, tok, dict(cfg, METHOD="grpo"), world, r, adv, lp_s)
-    assert torch.equal(grpo_adv, adv[:, None] * r.gen_mask) and stats == {} and torch.equal(lp_g, lp_s)

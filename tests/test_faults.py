@@ -12,6 +12,7 @@ import time
 import pytest
 
 import evaluate
+import model
 import runs
 import train
 from test_train import TINY, rows, strip_timing
@@ -146,8 +147,8 @@ def test_resume_with_other_settings_names_them(run_copy, capsys):
 def test_resume_under_another_embedded_shape_stops_before_any_work(run_copy, monkeypatch):
     """A run saved before `tiny` was reshaped cannot go on: it stops at once, not after a warm-up."""
     out, args = run_copy
-    old = train.M.SIZES["tiny"]
-    monkeypatch.setitem(train.M.SIZES, "tiny", (old[0], old[1] + 1) + tuple(old[2:]))
+    old = model.SIZES["tiny"]
+    monkeypatch.setitem(model.SIZES, "tiny", (old[0], old[1] + 1) + tuple(old[2:]))
     monkeypatch.setattr(train, "supervised_warmup", lambda *a: pytest.fail("the warm-up ran"))
     with pytest.raises(SystemExit, match="another shape than today's model.SIZES"):
         train.main(args + ["--resume"])

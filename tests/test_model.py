@@ -5,36 +5,36 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, LogitsProcessor, LogitsProcessorList
 
-import model as M
-import search_env as se
-import toy_world as tw
+import model
+import search_env
+import toy_world
 
 
 @pytest.fixture(scope="module")
 def tok():
-    return M.build_tokenizer(M.tokenizer_texts(seeds=(0,)))
+    return model.build_tokenizer(model.tokenizer_texts(seeds=(0,)))
 
 
 @pytest.fixture(scope="module")
 def lm(tok):
     torch.manual_seed(0)
-    return M.build_model(tok, "tiny").eval()
+    return model.build_model(tok, "tiny").eval()
 
 
 @pytest.fixture(scope="module")
 def world():
-    return tw.make_world(seed=7, n_people=20, n_cities=8, n_countries=3, n_films=8, n_companies=6)
+    return toy_world.make_world(seed=7, n_people=20, n_cities=8, n_countries=3, n_films=8, n_companies=6)
 
 
 def test_tokenizer_round_trip_and_single_token_tags(tok, world):
-    text = se.format_information(world.docs[:3]) + "<think> x. </think><answer> y </answer>\n"
+    text = search_env.format_information(world.docs[:3]) + "<think> x. </think><answer> y </answer>\n"
     assert tok.decode(tok.encode(text)) == text
-    for tag in se.TAGS:
+    for tag in search_env.TAGS:
         assert len(tok.encode(tag)) == 1
 
 
 def test_unseen_names_encode_in_familiar_pieces(tok):
-    unseen = tw.make_world(seed=12345)          # a world the tokenizer never saw
+    unseen = toy_world.make_world(seed=12345)          # a world the tokenizer never saw
     unk = tok.unk_token_id
     pieces = []
     for d in unseen.docs:
@@ -46,7 +46,7 @@ def test_unseen_names_encode_in_familiar_pieces(tok):
 
 
 def test_checkpoint_reloads_with_auto_classes(tok, lm, tmp_path):
-    M.save_checkpoint_dir(lm, tok, tmp_path)
+    model.save_checkpoint_dir(lm, tok, tmp_path)
     tok2 = AutoTokenizer.from_pretrained(tmp_path)
     lm2 = AutoModelForCausalLM.from_pretrained(tmp_path).eval()
     text = "where was the director of elis road born? <search> elis road </search>"
@@ -67,7 +67,7 @@ def _naive_logprobs(lm, ids):
 def test_token_logprobs_equals_naive_loop(lm):
     ids = [5, 17, 42, 99, 3, 250, 7]
     with torch.no_grad():
-        got = M.token_logprobs(lm, torch.tensor([ids]), torch.ones(1, len(ids), dtype=torch.long), chunk=2)
+        got = model.token_logprobs(lm, torch.tensor([ids]), torch.ones(1, len(ids), dtype=torch.long), chunk=2)
     assert torch.allclose(got[0], torch.tensor(_naive_logprobs(lm, ids)), atol=1e-5)
 
 
@@ -76,9 +76,9 @@ def test_token_logprobs_score_mask_and_padding(lm):
     ids = torch.tensor([short + [0] * 4, long])
     mask = torch.tensor([[1] * 4 + [0] * 4, [1] * 8])
     with torch.no_grad():
-        batched = M.token_logprobs(lm, ids, mask)
-        alone = M.token_logprobs(lm, torch.tensor([short]), torch.ones(1, 4, dtype=torch.long))
-        partial = M.token_logprobs(lm, ids, mask, score_mask=torch.tensor([[0, 0, 1, 0] + [0] * 4, [0] * 7 + [1]]))
+        batched = model.token_logprobs(lm, ids, mask)
+        alone = model.token_logprobs(lm, torch.tensor([short]), torch.ones(1, 4, dtype=torch.long))
+        partial = model.token_logprobs(lm, ids, mask, score_mask=torch.tensor([[0, 0, 1, 0] + [0] * 4, [0] * 7 + [1]]))
     assert (batched[0, :4] - alone[0]).abs().max() < 1e-5
     assert (batched[0, 4:] == 0).all()
     assert partial[0, 2] == pytest.approx(batched[0, 2].item(), abs=1e-6)
@@ -88,7 +88,7 @@ def test_token_logprobs_score_mask_and_padding(lm):
 
 def test_token_logprobs_has_gradient(lm):
     ids = torch.tensor([[5, 17, 42, 99]])
-    lp = M.token_logprobs(lm, ids, torch.ones_like(ids))
+    lp = model.token_logprobs(lm, ids, torch.ones_like(ids))
     lp.sum().backward()
     assert lm.get_output_embeddings().weight.grad.abs().sum() > 0
     lm.zero_grad()
@@ -99,10 +99,10 @@ def test_gradient_checkpointing_gives_the_same_logprobs_and_gradients(tok):
     mask = torch.tensor([[1] * 7, [1] * 5 + [0] * 2])
     runs = []
     for checkpointing in (False, True):
-        lm = M.build_model(tok, "tiny").train()
+        lm = model.build_model(tok, "tiny").train()
         if checkpointing:          # layers and, in token_logprobs, the output head are recomputed
-            M.enable_checkpointing(lm)
-        lp = M.token_logprobs(lm, ids, mask, chunk=3)
+            model.enable_checkpointing(lm)
+        lp = model.token_logprobs(lm, ids, mask, chunk=3)
         lp.sum().backward()
         runs.append((lp.detach(), [p.grad for p in lm.parameters()]))
     (lp0, g0), (lp1, g1) = runs
@@ -122,13 +122,13 @@ def _check_masks(r, tok, world):
         assert r.gen_mask[i, p] == 1  # the first thing after the prompt is generated
         for start, end, kind, _ in r.spans[i]:
             k = r.action_kind[i, start:end]
-            assert (k == M.KIND_IDS.get(kind, 0)).all()
+            assert (k == model.KIND_IDS.get(kind, 0)).all()
             if kind != "invalid":
                 text = tok.decode(r.input_ids[i, start:end])
-                assert se.parse_action(text).kind == kind
+                assert search_env.parse_action(text).kind == kind
                 # Exact: the first token holds the start of the opening tag, the last the end of
                 # the closing one (with a tag of several tokens, neither may be left out).
-                open_tag, close_tag = (se.SEARCH, se.SEARCH_END) if kind == "search" else (se.ANSWER, se.ANSWER_END)
+                open_tag, close_tag = (search_env.SEARCH, search_env.SEARCH_END) if kind == "search" else (search_env.ANSWER, search_env.ANSWER_END)
                 assert open_tag not in tok.decode(r.input_ids[i, start + 1:end])
                 assert close_tag not in tok.decode(r.input_ids[i, start:end - 1])
         # Each observation, decoded from its info tokens, is exactly what the env returned.
@@ -143,7 +143,7 @@ def _check_masks(r, tok, world):
             runs.append(cur)
         for run in runs:
             obs = tok.decode(run)
-            assert obs == se.INVALID_OBSERVATION or obs.startswith(se.INFO) and obs.endswith(se.INFO_END)
+            assert obs == search_env.INVALID_OBSERVATION or obs.startswith(search_env.INFO) and obs.endswith(search_env.INFO_END)
         assert len(runs) == max(0, int(r.turns[i]) - 1)
 
 
@@ -159,7 +159,7 @@ class ScriptedLM(torch.nn.Module):
                        "<think> ok. </think><answer> velmar </answer>"]
 
     def generate(self, input_ids, attention_mask, generation_config, **cache):
-        info = self.tok.convert_tokens_to_ids(se.INFO)
+        info = self.tok.convert_tokens_to_ids(search_env.INFO)
         rows = []
         for row in input_ids.tolist():
             turn = min(row.count(info), 2)
@@ -173,8 +173,7 @@ def test_rollout_masks_on_random_and_scripted_models(tok, lm, world):
     qs = world.split("train")[:4]
     for policy in (lm, ScriptedLM(tok)):
         torch.manual_seed(0)
-        r = M.rollout(policy, tok, lambda q: se.SearchEnv(world, q, max_turns=3), qs,
-                      group_size=3, max_turns=3, max_new_tokens=24)
+        r = model.rollout(policy, tok, search_env.episodes(world, qs, 3, max_turns=3), max_new_tokens=24)
         assert r.input_ids.shape[0] == 12 and (r.turns <= 3).all() and (r.turns >= 1).all()
         assert r.questions[3] is qs[1]
         _check_masks(r, tok, world)
@@ -182,22 +181,22 @@ def test_rollout_masks_on_random_and_scripted_models(tok, lm, world):
     assert r.answers == ["velmar"] * 12 and (r.turns == 3).all()
     s, e, _, _ = r.spans[0][1]
     assert tok.decode(r.input_ids[0, s:e]) == "<search> kalo mira </search>"   # junk was cut
-    assert (r.action_kind[0, s:e] == M.KIND_IDS["search"]).all()
+    assert (r.action_kind[0, s:e] == model.KIND_IDS["search"]).all()
 
 
 @pytest.fixture(scope="module")
 def trained(tok, world):
     """A tiny model briefly fitted to expert transcripts."""
     torch.manual_seed(0)
-    lm = M.build_model(tok, "tiny")
+    lm = model.build_model(tok, "tiny")
     opt = torch.optim.AdamW(lm.parameters(), lr=3e-3)
     trs = []
     for q in [q for q in world.split("train") if q.hops == 1][:6]:
-        ep = tw.expert_episode(q, world)
-        trs.append(M.encode_episode(tok, M.render_prompt(tok, q), ep.turns, ep.observations))
-    b = M.collate(trs, tok.pad_token_id)
+        ep = toy_world.expert_episode(q, world)
+        trs.append(model.encode_episode(tok, model.render_prompt(tok, q), ep.turns, ep.observations))
+    b = model.collate(trs, tok.pad_token_id)
     for _ in range(60):    # enough to write tagged searches and answers
-        lp = M.token_logprobs(lm, b["input_ids"], b["attention_mask"], score_mask=b["gen_mask"])
+        lp = model.token_logprobs(lm, b["input_ids"], b["attention_mask"], score_mask=b["gen_mask"])
         loss = -(lp * b["gen_mask"]).sum() / b["gen_mask"].sum()
         opt.zero_grad(); loss.backward(); opt.step()
     return lm.eval()
@@ -205,8 +204,7 @@ def trained(tok, world):
 
 def test_rollout_respects_max_turns(tok, lm, world):
     torch.manual_seed(1)
-    r = M.rollout(lm, tok, lambda q: se.SearchEnv(world, q, max_turns=2), world.split("train")[:3],
-                  group_size=2, max_turns=2, max_new_tokens=8)
+    r = model.rollout(lm, tok, search_env.episodes(world, world.split("train")[:3], 2, max_turns=2), max_new_tokens=8)
     assert (r.turns <= 2).all() and all(len(s) <= 2 for s in r.spans)
 
 
@@ -215,8 +213,7 @@ def test_rollout_is_deterministic_for_a_seed(tok, trained, world):
     runs = []
     for _ in range(2):
         torch.manual_seed(123)
-        runs.append(M.rollout(trained, tok, lambda q: se.SearchEnv(world, q), qs, group_size=2,
-                              max_new_tokens=24))
+        runs.append(model.rollout(trained, tok, search_env.episodes(world, qs, 2), max_new_tokens=24))
     assert torch.equal(runs[0].input_ids, runs[1].input_ids)
     assert torch.equal(runs[0].rewards, runs[1].rewards)
 
@@ -226,8 +223,8 @@ def test_cached_rollout_matches_a_fresh_forward(tok, trained, world):
     give each sequence exactly what a plain forward over its transcript gives: every greedy
     token is the argmax of the right-padded transcript's logits at its position."""
     qs = world.split("train")[:6]
-    env = lambda q: se.SearchEnv(world, q, max_turns=1 + qs.index(q) % 3)   # 1, 2 or 3 turns
-    r = M.rollout(trained, tok, env, qs, max_turns=3, max_new_tokens=24, greedy=True)
+    envs = [search_env.SearchEnv(world, q, max_turns=1 + i % 3) for i, q in enumerate(qs)]   # 1, 2 or 3 turns
+    r = model.rollout(trained, tok, envs, max_new_tokens=24, greedy=True)
     kinds = [k for s in r.spans for _, _, k, _ in s]
     assert len(set(r.turns.tolist())) > 1                   # rows left the batch at different turns
     assert "search" in kinds and "answer" in kinds          # turns stopped at a tag
@@ -242,8 +239,8 @@ def test_cached_rollout_matches_a_fresh_forward(tok, trained, world):
 
 def test_encode_episode_matches_expert(tok, world):
     q = [q for q in world.split("train") if q.hops == 2][0]
-    ep = tw.expert_episode(q, world)
-    tr = M.encode_episode(tok, M.render_prompt(tok, q), ep.turns, ep.observations)
+    ep = toy_world.expert_episode(q, world)
+    tr = model.encode_episode(tok, model.render_prompt(tok, q), ep.turns, ep.observations)
     assert [k for _, _, k, _ in tr.spans] == ["search", "search", "answer"]
     s, e, _, _ = tr.spans[-1]
     assert tok.decode(tr.ids[s:e]) == f"<answer> {q.answers[0]} </answer>"
@@ -252,7 +249,7 @@ def test_encode_episode_matches_expert(tok, world):
 def test_missing_hub_model_gives_clear_error(monkeypatch, tmp_path):
     monkeypatch.setenv("HF_HOME", str(tmp_path))
     with pytest.raises(RuntimeError, match="cannot be reached.*MODEL='tiny'"):
-        M.load_model("no-such-org/no-such-model-xyz", local_files_only=True)  # no network
+        model.load_model("no-such-org/no-such-model-xyz", local_files_only=True)  # no network
 
 
 def test_an_unreachable_hub_fails_at_once(monkeypatch, tmp_path):
@@ -262,7 +259,7 @@ def test_an_unreachable_hub_fails_at_once(monkeypatch, tmp_path):
     monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
     started = time.monotonic()
     with pytest.raises(RuntimeError, match="not in the local cache, and the Hugging Face hub cannot be reached"):
-        M.load_model("no-such-org/no-such-model-xyz")
+        model.load_model("no-such-org/no-such-model-xyz")
     assert time.monotonic() - started < 10
 
 
@@ -276,21 +273,21 @@ def test_the_embedded_model_starts_with_a_previous_token_head(tok):
         attention = lm(ids, output_attentions=True).attentions[0][0]        # [heads, T, T]
         return [attention[h].diagonal(-1).mean().item() for h in range(attention.shape[0])]
 
-    shares = previous_token_share(M.build_model(tok, "tiny", prev_token_init=6.0))
+    shares = previous_token_share(model.build_model(tok, "tiny", prev_token_init=6.0))
     assert shares[0] > 0.9 and max(shares[1:]) < 0.3, shares
-    assert max(previous_token_share(M.build_model(tok, "tiny"))) < 0.3
+    assert max(previous_token_share(model.build_model(tok, "tiny"))) < 0.3
 
 
 def test_build_model_rejects_unknown_size(tok):
     with pytest.raises(ValueError, match="allowed"):
-        M.build_model(tok, "huge")
+        model.build_model(tok, "huge")
 
 
 # ----------------------------------------------------------------------------- pretrained-style tokenizers
 @pytest.fixture(scope="module")
 def standin(standin_dir):
     """(model, tokenizer) of the local stand-in for a pretrained instruct model (conftest.py)."""
-    lm, tok = M.load_model(standin_dir, local_files_only=True)
+    lm, tok = model.load_model(standin_dir, local_files_only=True)
     return lm.eval(), tok
 
 
@@ -303,7 +300,7 @@ def policy(which, request):
 def test_pretrained_tokenizer_gets_no_new_tokens(standin, standin_dir):
     lm, tok = standin
     assert len(tok) == len(AutoTokenizer.from_pretrained(standin_dir)) == lm.get_input_embeddings().weight.shape[0]
-    assert all(len(tok.encode(tag, add_special_tokens=False)) > 1 for tag in se.TAGS)
+    assert all(len(tok.encode(tag, add_special_tokens=False)) > 1 for tag in search_env.TAGS)
     assert tok.pad_token_id is not None and tok.pad_token_id != tok.eos_token_id
 
 
@@ -312,16 +309,16 @@ def test_cut_turn_keeps_sampled_ids_and_cuts_after_the_stop_string(which, reques
     _, tok = policy(which, request)
     text = "<think> a naïve café </think><search> kalo mira </search>"
     ids = tok.encode(text + " junk", add_special_tokens=False)
-    tokens, got = M.cut_turn(tok, ids + [tok.pad_token_id] * 3, {tok.eos_token_id}, tok.pad_token_id)
+    tokens, got = model.cut_turn(tok, ids + [tok.pad_token_id] * 3, {tok.eos_token_id}, tok.pad_token_id)
     assert got == text and tokens == ids[:len(tokens)]             # a prefix of what was sampled
-    assert tok.decode(tokens) == text and se.SEARCH_END not in tok.decode(tokens[:-1])
-    start = M.action_start(tok, tokens, got, "search")
+    assert tok.decode(tokens) == text and search_env.SEARCH_END not in tok.decode(tokens[:-1])
+    start = model.action_start(tok, tokens, got, "search")
     assert tok.decode(tokens[start:]).endswith("<search> kalo mira </search>")
-    assert se.SEARCH not in tok.decode(tokens[start + 1:])
+    assert search_env.SEARCH not in tok.decode(tokens[start + 1:])
     eos = tok.eos_token_id                                         # eos ends a turn, and is dropped
-    assert M.cut_turn(tok, ids[:4] + [eos] + ids[4:], {eos}, tok.pad_token_id)[0] == ids[:4]
+    assert model.cut_turn(tok, ids[:4] + [eos] + ids[4:], {eos}, tok.pad_token_id)[0] == ids[:4]
     # No stop string (ran to max_new_tokens): everything written is kept.
-    assert M.cut_turn(tok, ids[:6], {eos}, tok.pad_token_id) == (ids[:6], tok.decode(ids[:6]))
+    assert model.cut_turn(tok, ids[:6], {eos}, tok.pad_token_id) == (ids[:6], tok.decode(ids[:6]))
 
 
 class Force(LogitsProcessor):
@@ -364,8 +361,7 @@ def test_rollout_stops_at_stop_strings_with_exact_spans(which, request, world):
     script = ["<think> i need x. </think><search> kalo mira </search>", "<think> ok. </think><answer> velmar </answer>"]
     forced = ForcedLM(lm, tok, script)
     qs = world.split("train")[:2]
-    r = M.rollout(forced, tok, lambda q: se.SearchEnv(world, q, max_turns=2), qs, max_turns=2,
-                  max_new_tokens=40, greedy=True)
+    r = model.rollout(forced, tok, search_env.episodes(world, qs, 1, max_turns=2), max_new_tokens=40, greedy=True)
     assert [tok.batch_decode(new) for new in forced.returned] == [[s, s] for s in script]  # no junk generated
     assert r.answers == ["velmar", "velmar"] and (r.turns == 2).all()
     _check_masks(r, tok, world)
@@ -377,9 +373,9 @@ def test_rollout_stops_at_stop_strings_with_exact_spans(which, request, world):
             # the tokens marked with its kind.
             ends = [len(tok.decode(turn_ids[:j + 1])) for j in range(len(turn_ids))]
             starts, lo = [0] + ends[:-1], text.index("<" + kind + ">")
-            expected = [M.KIND_IDS[kind] if e > lo else 0 for e in ends]
+            expected = [model.KIND_IDS[kind] if e > lo else 0 for e in ends]
             assert r.action_kind[i, end - len(turn_ids):end].tolist() == expected
-            assert start == end - len(turn_ids) + expected.index(M.KIND_IDS[kind])
-            assert starts[expected.index(M.KIND_IDS[kind])] <= lo
+            assert start == end - len(turn_ids) + expected.index(model.KIND_IDS[kind])
+            assert starts[expected.index(model.KIND_IDS[kind])] <= lo
     if which == "pretrained-style":
-        assert len(tok.encode(se.SEARCH_END, add_special_tokens=False)) > 1
+        assert len(tok.encode(search_env.SEARCH_END, add_special_tokens=False)) > 1

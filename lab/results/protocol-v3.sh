@@ -60,5 +60,5 @@ for s in $DOSE_SEEDS; do
 done
 runs=$(for s in $SEEDS; do echo $V/grpo-s$s $V/evisd-s$s; done
        for s in $DOSE_SEEDS; do echo $V/evisd-eps0.5-s$s $V/evisd-eps1.0-s$s; done)
-python evaluate.py $runs --json lab/results/results-v3.json --plot lab/results/curves-v3.png > $V/results.txt 2>&1
+python evaluate.py $runs --speed --json lab/results/results-v3.json --plot lab/results/curves-v3.png > $V/results.txt 2>&1
 echo "$(date +%T) done"

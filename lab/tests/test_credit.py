@@ -1,24 +1,24 @@
-"""Tests for the credit-assignment lab: oracle labels (toy_world.label_actions), the report card's
-AUC and misassigned mass (credit.py), and the intervals of evaluate.py."""
+"""Tests for the credit-assignment lab: oracle labels (toy_world.label_actions) and their shares
+(toy_world.label_shares), the report card's AUC and misassigned mass (lab/credit.py), and the
+intervals of evaluate.py."""
 import math
 import os
 
 import pytest
 import torch
 
-import credit
 import evaluate
-import model as M
-import real_data as rd
-import search_env as se
-import toy_world as tw
+import model
+import search_env
+import toy_world
+from lab import credit, curves, real_data
 
-S, S_, A, A_ = se.SEARCH, se.SEARCH_END, se.ANSWER, se.ANSWER_END
+S, S_, A, A_ = search_env.SEARCH, search_env.SEARCH_END, search_env.ANSWER, search_env.ANSWER_END
 
 
 @pytest.fixture(scope="module")
 def world():
-    return tw.make_world(seed=0)
+    return toy_world.make_world(seed=0)
 
 
 def first(world, split, hops):
@@ -34,7 +34,7 @@ def answer(text):
 
 
 def labels(world, q, turns):
-    return [(a.kind, a.label, a.decision_ok) for a in tw.label_actions(q, world, turns)]
+    return [(a.kind, a.label, a.decision_ok) for a in toy_world.label_actions(q, world, turns)]
 
 
 def test_labels_of_a_clean_two_hop_episode(world):
@@ -69,7 +69,7 @@ def test_repeat_miss_wrong_invalid_and_searching_too_long(world):
 def test_a_search_that_finds_only_other_documents_is_a_miss(world):
     q = first(world, "train", 2)
     other = next(d.title for d in world.docs if d.id not in q.evidence and d.title not in q.hop_queries)
-    (got,) = tw.label_actions(q, world, [search(other)])
+    (got,) = toy_world.label_actions(q, world, [search(other)])
     assert got.label == "miss" and got.docs and not set(got.docs) & set(q.evidence)
 
 
@@ -85,16 +85,17 @@ def test_three_hop_chain(world):
 
 def test_no_oracle_for_real_data():
     data = os.path.join(os.path.dirname(__file__), "data")
-    corpus = rd.read_corpus(os.path.join(data, "corpus.jsonl"))
-    q = rd.read_jsonl_questions(os.path.join(data, "questions.jsonl"), corpus)[0]
-    assert tw.label_actions(q, corpus, [search("x")]) is None     # real data has its own: rd.label_actions
+    corpus = real_data.read_corpus(os.path.join(data, "corpus.jsonl"))
+    q = real_data.read_jsonl_questions(os.path.join(data, "questions.jsonl"), corpus)[0]
+    assert toy_world.label_actions(q, corpus, [search("x")]) is None     # real data has its own: real_data.label_actions
+    assert corpus.oracle_labels(q, [search("x")]) is None                 # a plain corpus has no oracle
 
 
 def test_label_shares(world):
     q = first(world, "train", 2)
-    eps = [tw.label_actions(q, world, [search(q.hop_queries[0]), answer(q.hop_queries[1])]),
-           tw.label_actions(q, world, [search("zzz"), "junk", answer(q.answers[0])]), None]
-    got = credit.label_shares(eps)
+    eps = [toy_world.label_actions(q, world, [search(q.hop_queries[0]), answer(q.hop_queries[1])]),
+           toy_world.label_actions(q, world, [search("zzz"), "junk", answer(q.answers[0])]), None]
+    got = toy_world.label_shares(eps)
     assert got["label_answer_premature"] == 0.5 and got["label_answer_correct"] == 0.5
     assert got["label_search_miss"] == 0.5 and got["label_search_hit"] == 0.5
     assert got["label_invalid"] == pytest.approx(1 / 5)
@@ -125,11 +126,11 @@ def test_report_card_on_a_scripted_batch(world):
     a good first search (A < 0). A teacher whose gap is +1 on good parts and −1 on bad ones
     separates them perfectly (AUC 1) and lowers the misassigned mass below GRPO's."""
     q = first(world, "train", 2)
-    tok = M.build_tokenizer(M.tokenizer_texts(seeds=(0,)))
-    good = tw.expert_episode(q, world)
-    bad = tw.expert_episode(q, world, stop_early=1.0)
-    trs = [M.encode_episode(tok, M.render_prompt(tok, q), e.turns, e.observations) for e in (good, bad)]
-    r = M.Rollouts(**M.collate(trs, tok.pad_token_id), rewards=torch.tensor([1.0, 0.0]),
+    tok = model.build_tokenizer(model.tokenizer_texts(seeds=(0,)))
+    good = toy_world.expert_episode(q, world)
+    bad = toy_world.expert_episode(q, world, stop_early=1.0)
+    trs = [model.encode_episode(tok, model.render_prompt(tok, q), e.turns, e.observations) for e in (good, bad)]
+    r = model.Rollouts(**model.collate(trs, tok.pad_token_id), rewards=torch.tensor([1.0, 0.0]),
                    answers=[good.answer, bad.answer], turns=torch.tensor([3, 2]), questions=[q, q],
                    turn_texts=[good.turns, bad.turns])
     labs = credit.episode_labels(r, world, top_k=3)
@@ -181,7 +182,8 @@ def test_paired_differences():
             for g, m, vals in (("evisd", "evisd", (0.5, 0.6, 0.7)), ("grpo", "grpo", (0.4, 0.6, 0.5)))
             for s, v in enumerate(vals)]
     rows.append(dict(group="evisd", method="evisd", seed=9, macro=1.0, hop1=1.0, hop2=1.0))  # no pair
-    p = evaluate.paired_differences(rows)["evisd"]
+    keys = evaluate.PAIRED_KEYS + curves.SPEED_KEYS        # EM, and learning speed (evaluate.py --speed)
+    p = evaluate.paired_differences(rows, keys=keys)["evisd"]
     assert p["baseline"] == "grpo" and p["seeds"] == [0, 1, 2]
     assert [p["diff"][s]["macro"] for s in (0, 1, 2)] == pytest.approx([0.1, 0.0, 0.2])
     assert p["macro"] == pytest.approx(evaluate.t_interval([0.1, 0.0, 0.2]))
@@ -189,7 +191,7 @@ def test_paired_differences():
     # Learning speed pairs the same way, over the seeds that have it.
     for r in rows:
         r["partial_clear"] = {("evisd", 0): 5, ("evisd", 1): 8, ("grpo", 0): 9, ("grpo", 1): 8}.get((r["group"], r["seed"]))
-    p = evaluate.paired_differences(rows)["evisd"]
+    p = evaluate.paired_differences(rows, keys=keys)["evisd"]
     assert [p["diff"][s]["partial_clear"] for s in (0, 1, 2)] == [-4, 0, None]
     assert p["intervals"]["partial_clear"] == pytest.approx(evaluate.t_interval([-4, 0]))
     table = evaluate.summary_table(rows, {"evisd": p})
@@ -202,12 +204,12 @@ def test_paired_differences():
 def test_decision_tag_covers_exactly_the_opening_tag(world, tokenizer, request):
     """The tag part ends at the token that completes `<search>`/`<answer>`, whether the tag is
     one token (embedded) or several (the pretrained-style stand-in)."""
-    tok = (M.build_tokenizer(M.tokenizer_texts(seeds=(0,))) if tokenizer == "embedded"
-           else M.load_model(request.getfixturevalue("standin_dir"), local_files_only=True)[1])
+    tok = (model.build_tokenizer(model.tokenizer_texts(seeds=(0,))) if tokenizer == "embedded"
+           else model.load_model(request.getfixturevalue("standin_dir"), local_files_only=True)[1])
     q = first(world, "train", 2)
-    ep = tw.expert_episode(q, world)
-    tr = M.encode_episode(tok, M.render_prompt(tok, q), ep.turns, ep.observations)
-    r = M.Rollouts(**M.collate([tr, tr], tok.pad_token_id), rewards=torch.tensor([1.0, 0.0]),
+    ep = toy_world.expert_episode(q, world)
+    tr = model.encode_episode(tok, model.render_prompt(tok, q), ep.turns, ep.observations)
+    r = model.Rollouts(**model.collate([tr, tr], tok.pad_token_id), rewards=torch.tensor([1.0, 0.0]),
                    answers=[ep.answer] * 2, turns=torch.tensor([3, 3]), questions=[q, q],
                    turn_texts=[ep.turns] * 2)
     gap = torch.zeros(r.input_ids.shape)
@@ -217,7 +219,7 @@ def test_decision_tag_covers_exactly_the_opening_tag(world, tokenizer, request):
     tags = [x for x in records if x["part"] == "tag"]
     assert [x["kind"] for x in tags] == ["search", "search", "answer"]
     for x in tags:
-        opening = se.SEARCH if x["kind"] == "search" else se.ANSWER
+        opening = search_env.SEARCH if x["kind"] == "search" else search_env.ANSWER
         assert text(x).endswith(opening)                                  # the whole tag, no more
         assert opening not in tok.decode(r.input_ids[0, x["start"]:x["end"] - 1].tolist())
     if tokenizer == "pretrained":
@@ -225,7 +227,7 @@ def test_decision_tag_covers_exactly_the_opening_tag(world, tokenizer, request):
 
 
 def test_partial_name_query_is_labelled_partial_whatever_it_retrieves(world):
-    q = next(q for q in world.split("train") if q.hops == 1 and tw._is_person(world, q.hop_queries[0]))
+    q = next(q for q in world.split("train") if q.hops == 1 and toy_world._is_person(world, q.hop_queries[0]))
     first_name, full = q.hop_queries[0].split()[0], q.hop_queries[0]
     assert labels(world, q, [search(first_name)])[0] == ("search", "partial", True)
     assert labels(world, q, [search(full)])[0] == ("search", "hit", True)

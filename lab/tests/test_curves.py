@@ -3,7 +3,7 @@ import os
 
 import pytest
 
-import curves
+from lab import curves
 
 
 def test_running_mean_starts_at_the_first_step():

@@ -8,8 +8,8 @@ import subprocess
 import sys
 import time
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-spec = importlib.util.spec_from_file_location("gpu_check", os.path.join(ROOT, "docs", "gpu_check.py"))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))   # the repository
+spec = importlib.util.spec_from_file_location("gpu_check", os.path.join(ROOT, "lab", "gpu_check.py"))
 gpu_check = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(gpu_check)
 

@@ -1,4 +1,4 @@
-"""Tests for real_data.py: every format's fixture as distributed, bad input as one line, BM25's
+"""Tests for lab/real_data.py: every format's fixture as distributed, bad input as one line, BM25's
 top-k, Search-R1's retrieval server through a local stub (a rollout, one request per turn, its
 failures), the teacher's evidence and the oracle's labels on real data, and the pretrained-style
 stand-in training and evaluating (EM, F1, --credit) on the HotpotQA fixture."""
@@ -16,14 +16,14 @@ import torch
 
 import evaluate
 import evisd
-import model as M
-import real_data as rd
-import search_env as se
+import model
+import search_env
 import train
+from lab import real_data
 from test_model import ForcedLM
 
 DATA = os.path.join(os.path.dirname(__file__), "data")
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))   # the repository
 HOTPOT = dict(DATA="hotpotqa", DATA_TRAIN=f"{DATA}/hotpot_train_v1.1.json", DATA_DEV=f"{DATA}/hotpot_dev_distractor_v1.json")
 NQ = f"{DATA}/searchr1_nq.jsonl"
 QWEN = "--MODEL=Qwen/Qwen2.5-0.5B-Instruct"   # a hub name: configure() never loads it
@@ -44,14 +44,14 @@ def A(answer):
 
 @pytest.fixture(scope="module")
 def standin(standin_dir):
-    lm, tok = M.load_model(standin_dir, local_files_only=True)
+    lm, tok = model.load_model(standin_dir, local_files_only=True)
     return lm.eval(), tok
 
 
 # ----------------------------------------------------------------------------- formats
 def test_hotpotqa_fixture_loads_with_its_own_paragraphs_as_corpus():
     c = cfg(**HOTPOT)
-    train_w, val_w, dev_w = (rd.dataset(c, s) for s in ("train", "validation", "dev"))
+    train_w, val_w, dev_w = (real_data.dataset(c, s) for s in ("train", "validation", "dev"))
     assert (len(train_w.questions), len(val_w.questions), len(dev_w.questions)) == (11, 1, 4)
     assert not {q.qid for q in train_w.questions} & {q.qid for q in val_w.questions}
     assert {q.split for q in train_w.questions} == {"train"} and train_w.split("train") == train_w.questions
@@ -69,11 +69,11 @@ def test_hotpotqa_fixture_loads_with_its_own_paragraphs_as_corpus():
 
 
 def test_2wiki_and_musique_fixtures_load():
-    w = rd.dataset(cfg(DATA="2wiki", DATA_DEV=f"{DATA}/2wiki_dev.json"), "dev")
+    w = real_data.dataset(cfg(DATA="2wiki", DATA_DEV=f"{DATA}/2wiki_dev.json"), "dev")
     compositional, comparison = w.questions
     assert compositional.answers == ["San Temo"] and compositional.intermediates == ["Ines Valdera"]
     assert len(compositional.support) == 2 and comparison.intermediates == []
-    m = rd.dataset(cfg(DATA="musique", DATA_DEV=f"{DATA}/musique_dev.jsonl"), "dev")
+    m = real_data.dataset(cfg(DATA="musique", DATA_DEV=f"{DATA}/musique_dev.jsonl"), "dev")
     assert len(m.questions) == 1                          # the unanswerable question is left out
     q = m.questions[0]
     assert q.answers == ["Minato Bay", "Minato"] and q.intermediates == ["Hana Ishiro"] and q.hops == 2
@@ -83,7 +83,7 @@ def test_2wiki_and_musique_fixtures_load():
 def test_searchr1_jsonl_with_a_bm25_corpus_and_the_evidence_rules(standin):
     _, tok = standin
     c = cfg(DATA="jsonl", DATA_TRAIN=NQ, DATA_DEV=NQ, CORPUS=f"{DATA}/searchr1_corpus.jsonl")
-    w = rd.dataset(c, "dev")
+    w = real_data.dataset(c, "dev")
     first = w.shared.docs[0]                              # wiki-18: the quoted title is the first line
     assert (first.id, first.title) == ("0", "Port Halden") and first.text.startswith("Port Halden is a harbour")
     q = w.questions[0]
@@ -91,27 +91,27 @@ def test_searchr1_jsonl_with_a_bm25_corpus_and_the_evidence_rules(standin):
     # No supporting facts: auto = the passages the question retrieves that hold a golden answer.
     assert [d.title for d in w.retriever(q).search(q.question, 3)] == ["Halden lighthouse", "Port Halden", "Aurel Strand"]
     assert [d.title for d in w.evidence_docs(q)] == ["Halden lighthouse", "Aurel Strand"]
-    assert tok.decode(evisd.privileged_ids(tok, q, w)[0]) == se.format_information(w.evidence_docs(q))
-    only = rd.dataset(dict(c, EVIDENCE="answer_only"), "dev")
+    assert tok.decode(evisd.privileged_ids(tok, q, w)[0]) == search_env.format_information(w.evidence_docs(q))
+    only = real_data.dataset(dict(c, EVIDENCE="answer_only"), "dev")
     evidence, answer = evisd.privileged_ids(tok, only.questions[0], only)
     assert evidence == [] and "the answer is Aurel Strand" in tok.decode(answer)   # the answer block alone
-    hot = rd.dataset(cfg(**HOTPOT, EVIDENCE="answer_passages"), "dev")
+    hot = real_data.dataset(cfg(**HOTPOT, EVIDENCE="answer_passages"), "dev")
     # The rule's weakness, kept visible: a distractor that names the answer ("studied in Kessling") counts.
     assert [d.title for d in hot.evidence_docs(hot.questions[0])] == ["Tobias Renner", "Rosa Milvane"]
     # A corpus of {"id", "title", "text"} lines, and supporting facts given by title or id.
-    corpus = rd.read_corpus(f"{DATA}/corpus.jsonl")
-    qs = rd.read_jsonl_questions(f"{DATA}/questions.jsonl", corpus)
+    corpus = real_data.read_corpus(f"{DATA}/corpus.jsonl")
+    qs = real_data.read_jsonl_questions(f"{DATA}/questions.jsonl", corpus)
     assert [[d.id for d in q.support] for q in qs] == [["1"], ["1", "2"], ["3"]] and qs[1].answers == ["England"]
-    untitled = rd._doc({"id": "7", "contents": "Evan Morris was a lobbyist."}, "x")   # Search-R1's example corpus
+    untitled = real_data._doc({"id": "7", "contents": "Evan Morris was a lobbyist."}, "x")   # Search-R1's example corpus
     assert (untitled.title, untitled.text) == ("", "Evan Morris was a lobbyist.")
-    assert se.format_information([untitled]) == "<information> Evan Morris was a lobbyist. </information>"
+    assert search_env.format_information([untitled]) == "<information> Evan Morris was a lobbyist. </information>"
 
 
 def test_f1_is_hotpotqas():
-    assert se.f1_score("the Aurel Strand", ["Aurel Strand"]) == 1.0
-    assert se.f1_score("Strand engineer", ["x", "Aurel Strand"]) == 0.5
-    assert se.f1_score("yes", ["no"]) == 0.0 and se.f1_score("yes it is", ["yes"]) == 0.0
-    assert se.f1_score(None, ["a"]) == 0.0
+    assert search_env.f1_score("the Aurel Strand", ["Aurel Strand"]) == 1.0
+    assert search_env.f1_score("Strand engineer", ["x", "Aurel Strand"]) == 0.5
+    assert search_env.f1_score("yes", ["no"]) == 0.0 and search_env.f1_score("yes it is", ["yes"]) == 0.0
+    assert search_env.f1_score(None, ["a"]) == 0.0
 
 
 # ----------------------------------------------------------------------------- bad input
@@ -144,9 +144,9 @@ HOTPOT_ROW = {"_id": "a1", "question": "q?", "answer": "x", "supporting_facts": 
 def test_bad_input_is_one_line_naming_file_and_line(tmp_path, reader, name, content, message):
     path = tmp_path / name
     path.write_bytes(content)
-    corpus = rd.read_corpus(f"{DATA}/corpus.jsonl")
-    read = {"corpus": lambda p: rd.read_corpus(p), **{k: lambda p, r=r: r(p, corpus) for k, r in rd.READERS.items()}}[reader]
-    with pytest.raises(rd.DataError, match=message) as e:
+    corpus = real_data.read_corpus(f"{DATA}/corpus.jsonl")
+    read = {"corpus": lambda p: real_data.read_corpus(p), **{k: lambda p, r=r: r(p, corpus) for k, r in real_data.READERS.items()}}[reader]
+    with pytest.raises(real_data.DataError, match=message) as e:
         read(str(path))
     assert isinstance(e.value, SystemExit) and "\n" not in str(e.value) and str(path) in str(e.value)
 
@@ -160,7 +160,8 @@ def test_bad_input_is_one_line_naming_file_and_line(tmp_path, reader, name, cont
     ([QWEN, "--SFT_STEPS=0", "--DATA=jsonl", "--RETRIEVER_URL=localhost:8000"], r"expected an address like http://"),
     ([QWEN, "--SFT_STEPS=0", "--DATA=jsonl", "--RETRIEVER_URL=http://h/retrieve", "--CORPUS=c"], "both set: give one"),
     (["--DATA=squad"], r"^DATA='squad': allowed values are toy, hotpotqa, 2wiki, musique, jsonl$"),
-    (["--EVIDENCE=gold"], r"^EVIDENCE='gold': allowed values are auto, supporting, answer_passages, answer_only$"),
+    (["--DATA=hotpotqa", "--EVIDENCE=gold"],
+     r"^EVIDENCE='gold': allowed values are auto, supporting, answer_passages, answer_only$"),
 ])
 def test_data_settings_are_checked_before_any_work(args, message):
     with pytest.raises(SystemExit, match=message):
@@ -179,7 +180,7 @@ def test_a_bad_data_file_stops_the_command_line_with_one_line(tmp_path):
 def test_bm25_top_k_by_partition_matches_a_full_sort():
     rng = np.random.default_rng(0)
     words = [f"w{i}" for i in range(30)]
-    bm25 = se.BM25([" ".join(rng.choice(words, size=rng.integers(1, 8))) for _ in range(300)])   # many ties
+    bm25 = search_env.BM25([" ".join(rng.choice(words, size=rng.integers(1, 8))) for _ in range(300)])   # many ties
     for query in [" ".join(rng.choice(words, size=3)) for _ in range(40)] + ["w1", "nothing at all"]:
         s = bm25.scores(query)
         for k in (1, 3, 10, 400):
@@ -191,7 +192,7 @@ class Stub:
     to answer request n: None (properly), an HTTP status, "garbage", "shape" or "slow"."""
 
     def __init__(self, docs, mode=None):
-        world, stub = se.World(docs, []), self
+        world, stub = search_env.World(docs, []), self
         self.requests, self.mode = [], mode or (lambda n: None)
 
         class Handler(BaseHTTPRequestHandler):
@@ -225,23 +226,23 @@ class Stub:
 
 @pytest.fixture
 def stub():
-    s = Stub(rd.read_corpus(f"{DATA}/searchr1_corpus.jsonl").docs)
+    s = Stub(real_data.read_corpus(f"{DATA}/searchr1_corpus.jsonl").docs)
     yield s
     s.close()
 
 
 def test_the_server_answers_a_rollout_with_one_request_per_turn(stub, standin):
     lm, tok = standin
-    w = rd.dataset(cfg(DATA="jsonl", DATA_TRAIN=NQ, DATA_DEV=NQ, RETRIEVER_URL=stub.url), "dev")
+    w = real_data.dataset(cfg(DATA="jsonl", DATA_TRAIN=NQ, DATA_DEV=NQ, RETRIEVER_URL=stub.url), "dev")
     script = [S("halden lighthouse"), A("Aurel Strand")]
-    r = M.rollout(ForcedLM(lm, tok, script), tok, lambda q: se.SearchEnv(w.retriever(q), q, max_turns=2),
-                  w.questions[:3], group_size=2, max_turns=2, max_new_tokens=40, greedy=True)
+    envs = search_env.episodes(w, w.questions[:3], group_size=2, max_turns=2, top_k=3)
+    r = model.rollout(ForcedLM(lm, tok, script), tok, envs, max_new_tokens=40, greedy=True)
     assert stub.requests == [{"queries": ["halden lighthouse"] * 6, "topk": 3, "return_scores": True}]
     info = tok.decode(r.input_ids[2][r.info_mask[2].bool()])
     assert "Halden lighthouse: The Halden lighthouse was built in 1832 by the engineer Aurel Strand." in info
     assert r.rewards.tolist() == [1.0, 1.0, 0.0, 0.0, 0.0, 0.0]
     # Through a server the oracle cannot search again: searches and decisions are unlabelled.
-    labels = rd.label_actions(w.questions[0], w, r.turn_texts[0])
+    labels = real_data.label_actions(w.questions[0], w, r.turn_texts[0])
     assert [(a.kind, a.label, a.decision_ok) for a in labels] == [("search", None, None), ("answer", "correct", None)]
     assert len(stub.requests) == 1
 
@@ -256,11 +257,11 @@ def test_the_server_answers_a_rollout_with_one_request_per_turn(stub, standin):
 ])
 def test_server_failures_are_retried_then_one_line(stub, mode, requests, message):
     stub.mode = mode
-    server = rd.ServerRetriever(stub.url, timeout=0.2, attempts=3, backoff=0.01)
+    server = real_data.ServerRetriever(stub.url, timeout=0.2, attempts=3, backoff=0.01)
     if message is None:
         assert [d.title for d in server.search_batch(["velmont river", "kessling"], 1)[1]] == ["Kessling"]
     else:
-        with pytest.raises(rd.RetrieverError, match=f"^{stub.url}: {message}") as e:
+        with pytest.raises(real_data.RetrieverError, match=f"^{stub.url}: {message}") as e:
             server.search_batch(["velmont river", "kessling"], 1)
         assert "\n" not in str(e.value)
     time.sleep(0.6 if mode(1) == "slow" else 0)    # the slow handlers finish before the count
@@ -270,20 +271,20 @@ def test_server_failures_are_retried_then_one_line(stub, mode, requests, message
 def test_a_server_that_is_not_there(stub):
     url = stub.url
     stub.close()
-    with pytest.raises(rd.RetrieverError, match=f"^{url}: .*[Cc]onnection refused.* on all 2 attempts"):
-        rd.ServerRetriever(url, attempts=2, backoff=0.01).search("x")
+    with pytest.raises(real_data.RetrieverError, match=f"^{url}: .*[Cc]onnection refused.* on all 2 attempts"):
+        real_data.ServerRetriever(url, attempts=2, backoff=0.01).search("x")
 
 
 def forced_rollouts(script):
-    """M.rollout, with the model forced to write ``script`` (one turn per generate call)."""
-    real = M.rollout
+    """model.rollout, with the model forced to write ``script`` (one turn per generate call)."""
+    real = model.rollout
     return lambda lm, tok, *args, **kw: real(ForcedLM(lm, tok, script), tok, *args, **kw)
 
 
 def test_a_server_that_stays_down_stops_the_run_after_saving_a_checkpoint(stub, standin_dir, tmp_path, monkeypatch):
-    monkeypatch.setattr(M, "rollout", forced_rollouts([S("kessling film school"), A("1951")]))
-    monkeypatch.setattr(rd, "SERVER_BACKOFF_S", 0.01)
-    monkeypatch.setattr(rd, "SERVER_ATTEMPTS", 2)
+    monkeypatch.setattr(model, "rollout", forced_rollouts([S("kessling film school"), A("1951")]))
+    monkeypatch.setattr(real_data, "SERVER_BACKOFF_S", 0.01)
+    monkeypatch.setattr(real_data, "SERVER_ATTEMPTS", 2)
     stub.mode = lambda n: None if n == 1 else 503           # answers step 0's search, then goes down
     out = tmp_path / "run"
     args = [f"--MODEL={standin_dir}", "--DATA=jsonl", f"--DATA_TRAIN={NQ}", f"--DATA_DEV={NQ}", f"--RETRIEVER_URL={stub.url}",
@@ -300,16 +301,16 @@ def test_a_server_that_stays_down_stops_the_run_after_saving_a_checkpoint(stub, 
 
 # ----------------------------------------------------------------------------- labels, training, evaluation
 def test_labels_on_real_evidence():
-    w = rd.dataset(cfg(**HOTPOT), "dev")
+    w = real_data.dataset(cfg(**HOTPOT), "dev")
     bridge, comparison = w.questions[0], w.questions[2]
-    got = lambda q, turns: [(a.kind, a.label, a.decision_ok) for a in rd.label_actions(q, w, turns, top_k=1)]
+    got = lambda q, turns: [(a.kind, a.label, a.decision_ok) for a in real_data.label_actions(q, w, turns, top_k=1)]
     assert got(bridge, [S("The Lantern Keeper"), S("Lantern Keeper drama"), S("Rosa Milvane"), A("Rosa Milvane")]) == [
         ("search", "hit", True), ("search", "repeat", True), ("search", "hit", True), ("answer", "premature", True)]
     assert got(bridge, [S("zzz"), "junk", A("Kessling")]) == [
         ("search", "miss", True), ("invalid", "invalid", None), ("answer", "correct", False)]
     assert got(comparison, [S("Delcast Foundry"), A("Delcast Foundry")]) == [("search", "hit", True), ("answer", "wrong", False)]
-    nq = rd.dataset(cfg(DATA="jsonl", DATA_TRAIN=NQ, DATA_DEV=NQ, CORPUS=f"{DATA}/searchr1_corpus.jsonl"), "dev")
-    assert [(a.label, a.decision_ok) for a in rd.label_actions(nq.questions[0], nq, [S("x"), A("strand")])] == [
+    nq = real_data.dataset(cfg(DATA="jsonl", DATA_TRAIN=NQ, DATA_DEV=NQ, CORPUS=f"{DATA}/searchr1_corpus.jsonl"), "dev")
+    assert [(a.label, a.decision_ok) for a in real_data.label_actions(nq.questions[0], nq, [S("x"), A("strand")])] == [
         (None, None), ("correct", None)]                    # no supporting facts: a search cannot be graded
 
 
@@ -348,14 +349,17 @@ def scripted(q, sample):
     return [S("zzz qqq"), A(q.intermediates[0] if q.intermediates else "no idea")]
 
 
-def scripted_rollout(lm, tok, env_factory, questions, group_size=1, *args, **kwargs):
-    """M.rollout's stand-in: each episode plays ``scripted`` through its real env and retriever."""
-    episodes = [q for q in questions for _ in range(group_size)]
-    envs = [env_factory(q) for q in episodes]
-    texts = [scripted(q, i % group_size) for i, q in enumerate(episodes)]
-    trs = [M.encode_episode(tok, M.render_prompt(tok, q), turns, [env.step(t).observation for t in turns])
+def scripted_rollout(lm, tok, envs, *args, **kwargs):
+    """model.rollout's stand-in: each episode plays ``scripted`` through its real env and retriever
+    (search_env.episodes: each question's group in a row, so a sample's number is its place there)."""
+    episodes = [env.question for env in envs]
+    samples = [0]
+    for prev, q in zip(episodes, episodes[1:]):
+        samples.append(samples[-1] + 1 if q is prev else 0)
+    texts = [scripted(q, sample) for q, sample in zip(episodes, samples)]
+    trs = [model.encode_episode(tok, model.render_prompt(tok, q), turns, [env.step(t).observation for t in turns])
            for q, env, turns in zip(episodes, envs, texts)]
-    return M.Rollouts(**M.collate(trs, tok.pad_token_id), rewards=torch.tensor([e.reward for e in envs]),
+    return model.Rollouts(**model.collate(trs, tok.pad_token_id), rewards=torch.tensor([e.reward for e in envs]),
                       answers=[e.answer for e in envs], turns=torch.tensor([e.turns for e in envs]),
                       questions=episodes, turn_texts=texts)
 
@@ -363,7 +367,7 @@ def scripted_rollout(lm, tok, env_factory, questions, group_size=1, *args, **kwa
 def test_the_report_card_grades_the_teacher_on_hotpotqa_evidence(standin_dir, tmp_path, monkeypatch):
     """Groups that disagree (right/wrong) on HotpotQA: the EviSD step scores them with the
     supporting paragraphs as evidence, and --credit labels every action from the data."""
-    monkeypatch.setattr(M, "rollout", scripted_rollout)
+    monkeypatch.setattr(model, "rollout", scripted_rollout)
     out = str(tmp_path / "run")
     train.main(hotpot_args(standin_dir, out, "--RL_STEPS=1", "--EVAL_EVERY=0", "--MAX_TURNS=3", "--TOP_K=1"))
     step = json.loads(open(os.path.join(out, "metrics.jsonl")).readline())

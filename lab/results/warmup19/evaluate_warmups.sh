@@ -6,7 +6,7 @@
 # the validation worlds (to choose between recipes before spending the rest on the chosen one).
 #   bash lab/results/warmup19/evaluate_warmups.sh OUT
 set -u
-cd "$(dirname "$0")/../.."
+cd "$(dirname "$0")/../../.."
 OUT=$1
 warmups=$(ls -d $OUT/sft-* | sort)
 [ -e $OUT/warmups-validation.json ] || python evaluate.py $warmups --validation --json $OUT/warmups-validation.json \

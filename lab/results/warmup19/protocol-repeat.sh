@@ -10,7 +10,7 @@
 #   ARGS="--SFT_STEPS=450 --SFT_REPEAT_STEPS=300" OUT=out/w19rep bash lab/results/warmup19/protocol-repeat.sh
 # VALIDATION_ONLY=1 stops after the validation EM of step 2; run again without it to finish.
 set -u
-cd "$(dirname "$0")/../.."
+cd "$(dirname "$0")/../../.."
 OUT=${OUT:-out/w19rep}
 ARGS=${ARGS:-}
 mkdir -p $OUT

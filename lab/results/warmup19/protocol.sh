@@ -9,7 +9,7 @@
 #   4. the habit shares of each warm-up on its own samples (evaluate.py --credit: held-out questions);
 #   5. held-out EM of the five RL runs.
 set -u
-cd "$(dirname "$0")/../.."
+cd "$(dirname "$0")/../../.."
 OUT=${OUT:-out/w19}
 mkdir -p $OUT
 for s in 0 1 2 3 4; do

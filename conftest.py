@@ -1,6 +1,7 @@
 """Shared fixtures: a local stand-in for a pretrained instruct model, built without a download;
 and the device the tests that take one run on (``DEVICE=cuda python -m pytest``; the CPU by
-default), which lab/gpu_check.py uses on a GPU machine."""
+default), which lab/gpu_check.py uses on a GPU machine. Here, at the root, they serve tests/ and
+lab/tests/ alike."""
 import os
 
 import pytest
@@ -8,7 +9,7 @@ import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import GenerationConfig, PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
 
-import model as M
+import model
 
 DEVICE = os.environ.get("DEVICE", "cpu")
 
@@ -26,7 +27,7 @@ def build_standin(path):
     bpe = Tokenizer(models.BPE())
     bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     bpe.decoder = decoders.ByteLevel()
-    bpe.train_from_iterator(M.tokenizer_texts(seeds=(0,)), trainers.BpeTrainer(
+    bpe.train_from_iterator(model.tokenizer_texts(seeds=(0,)), trainers.BpeTrainer(
         vocab_size=1024, special_tokens=["<|endoftext|>", "<|im_start|>", "<|im_end|>"],
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False))
     tok = PreTrainedTokenizerFast(tokenizer_object=bpe, eos_token="<|im_end|>", pad_token="<|endoftext|>")
