@@ -34,11 +34,12 @@ SPECIAL_TOKENS = ["<pad>", "<bos>", "<eos>", "<unk>"]
 KIND_IDS = {"search": 1, "answer": 2}  # values of action_kind; 0 = not inside an action span
 STOP_STRINGS = (SEARCH_END, ANSWER_END)   # a turn ends at the first of these
 # generate's KV-cache argument: renamed from past_key_values to cache in transformers 5.x.
-CACHE_KWARG = ("cache" if "cache" in inspect.signature(GenerationMixin.prepare_inputs_for_generation).parameters
+CACHE_KWARG = ("cache" if "cache" in inspect.signature(
+                   GenerationMixin.prepare_inputs_for_generation).parameters
                else "past_key_values")
 
-# hidden, layers, heads, kv heads, mlp width. tiny 0.54M parameters (its MLP twice, not three times, the
-# width: it learns to copy sooner, lab/results/warmup-probes.md), small ~ 5M.
+# hidden, layers, heads, kv heads, mlp width. tiny 0.54M parameters (its MLP twice, not three
+# times, the width: it learns to copy sooner, lab/results/warmup-probes.md), small ~ 5M.
 SIZES = {"tiny": (128, 3, 4, 2, 256), "small": (256, 6, 8, 4, 768), "base": (512, 8, 8, 4, 1536)}
 
 
@@ -80,7 +81,8 @@ def token_at(tokenizer, ids, char):
     """Index of the token of ``ids`` whose text covers character ``char`` of ``decode(ids)``:
     the first j with ``len(decode(ids[:j + 1])) > char``, found by bisection. Prefixes are
     decoded, not single tokens: a byte-level token may hold part of a multi-byte character."""
-    return bisect.bisect_right(range(len(ids)), char, key=lambda j: len(tokenizer.decode(ids[:j + 1])))
+    return bisect.bisect_right(range(len(ids)), char,
+                               key=lambda j: len(tokenizer.decode(ids[:j + 1])))
 
 
 # ----------------------------------------------------------------------------- models
@@ -91,9 +93,10 @@ def build_model(tokenizer, size="tiny", seed=0, prev_token_init=0.0):
         raise ValueError(f"unknown model size {size!r}; allowed: {sorted(SIZES)}")
     hidden, layers, heads, kv_heads, mlp = SIZES[size]
     config = Qwen2Config(
-        vocab_size=len(tokenizer), hidden_size=hidden, intermediate_size=mlp, num_hidden_layers=layers,
-        num_attention_heads=heads, num_key_value_heads=kv_heads, max_position_embeddings=2048,
-        tie_word_embeddings=True, pad_token_id=tokenizer.pad_token_id, bos_token_id=tokenizer.bos_token_id,
+        vocab_size=len(tokenizer), hidden_size=hidden, intermediate_size=mlp,
+        num_hidden_layers=layers, num_attention_heads=heads, num_key_value_heads=kv_heads,
+        max_position_embeddings=2048, tie_word_embeddings=True,
+        pad_token_id=tokenizer.pad_token_id, bos_token_id=tokenizer.bos_token_id,
         eos_token_id=tokenizer.eos_token_id)
     torch.manual_seed(seed)
     model = Qwen2ForCausalLM(config)
@@ -106,10 +109,10 @@ def prev_token_head(model, scale, back=1, frequencies=4):
     """Layer 0's first head attends to the token ``back`` positions earlier (1: the previous one),
     whatever the tokens: half an induction head, which copies a name read earlier; a random model
     grows one suddenly, after a plateau as long as its seed's luck (lab/results/warmup-probes.md;
-    back=2 helps as much). RoPE turns pair (j, j + d/2) by position * theta_j, so key bias (scale,
-    0) and query bias scale * e^(-i back theta_j) on the fastest pairs score key n for query m by
-    scale^2 * sum_j cos((m - n - back) theta_j), highest at n = m - back. All else starts as HF
-    draws it."""
+    back=2 helps as much). RoPE turns pair (j, j + d/2) by position * theta_j, so key bias
+    (scale, 0) and query bias scale * e^(-i back theta_j) on the fastest pairs score key n for
+    query m by scale^2 * sum_j cos((m - n - back) theta_j), highest at n = m - back. All else
+    starts as HF draws it."""
     attn = model.model.layers[0].self_attn
     d, theta = attn.head_dim, model.model.rotary_emb.inv_freq[:frequencies]
     with torch.no_grad():   # the biases start at 0
@@ -126,15 +129,16 @@ def load_model(name_or_path, dtype=None, local_files_only=None):
         local_files_only = os.environ.get("HF_HUB_OFFLINE", "0") not in ("", "0", "false")
     try:
         tokenizer = AutoTokenizer.from_pretrained(name_or_path, local_files_only=True)
-        model = AutoModelForCausalLM.from_pretrained(name_or_path, dtype=dtype, local_files_only=True)
+        model = AutoModelForCausalLM.from_pretrained(name_or_path, dtype=dtype,
+                                                     local_files_only=True)
     except OSError as e:
         if os.path.isdir(name_or_path):
             raise
         if local_files_only or not _hub_answers():
             raise RuntimeError(
-                f"could not load model {name_or_path!r}: it is not a local directory, not in the local "
-                "cache, and the Hugging Face hub cannot be reached. Download it on a machine with "
-                "internet access and pass its directory, or use the embedded default with "
+                f"could not load model {name_or_path!r}: it is not a local directory, not in the "
+                "local cache, and the Hugging Face hub cannot be reached. Download it on a machine "
+                "with internet access and pass its directory, or use the embedded default with "
                 f"MODEL='tiny'. (cause: {type(e).__name__}: {str(e).splitlines()[0]})") from None
         tokenizer = AutoTokenizer.from_pretrained(name_or_path)
         model = AutoModelForCausalLM.from_pretrained(name_or_path, dtype=dtype)
@@ -189,7 +193,8 @@ class Transcript:
     def __init__(self, prompt_ids):
         self.ids = list(prompt_ids)
         self.prompt_len = len(self.ids)
-        self.gen, self.info, self.kind = [0] * len(self.ids), [0] * len(self.ids), [0] * len(self.ids)
+        self.gen, self.info, self.kind = ([0] * len(self.ids), [0] * len(self.ids),
+                                          [0] * len(self.ids))
         self.spans = []
 
     def add_turn(self, turn_ids, kind, turn_index, offset=None):
@@ -297,36 +302,43 @@ def rollout(policy, tokenizer, envs, max_new_tokens=64, temperature=1.0, greedy=
     pad_id = tokenizer.pad_token_id
     # eos, and any other end-of-text id the model's own generation config lists (Qwen: two)
     model_eos = getattr(getattr(policy, "generation_config", None), "eos_token_id", None)
-    eos_ids = {tokenizer.eos_token_id, *(model_eos if isinstance(model_eos, list) else [model_eos])} - {None}
+    eos_ids = {tokenizer.eos_token_id,
+               *(model_eos if isinstance(model_eos, list) else [model_eos])} - {None}
     # Every sampling knob is pinned: generate fills unset ones from the model's own
     # generation_config (an instruct model ships top_k, top_p, repetition_penalty), and the loss
     # needs the tokens drawn from softmax(logits / temperature) alone.
     gen_config = GenerationConfig(
-        max_new_tokens=max_new_tokens, do_sample=not greedy, temperature=temperature if not greedy else None,
-        top_k=0 if not greedy else None, top_p=1.0 if not greedy else None, repetition_penalty=1.0,
+        max_new_tokens=max_new_tokens, do_sample=not greedy,
+        temperature=temperature if not greedy else None, top_k=0 if not greedy else None,
+        top_p=1.0 if not greedy else None, repetition_penalty=1.0,
         stop_strings=list(STOP_STRINGS), eos_token_id=sorted(eos_ids), pad_token_id=pad_id)
     questions = [env.question for env in envs]
-    transcripts = [Transcript(tokenizer.encode(render_prompt(tokenizer, q), add_special_tokens=False))
+    transcripts = [Transcript(tokenizer.encode(render_prompt(tokenizer, q),
+                                               add_special_tokens=False))
                    for q in questions]
     turn_texts = [[] for _ in envs]
-    ids, mask = _left_pad([t.ids for t in transcripts], pad_id)   # [B, L]: row r plays episode rows[r]
+    # [B, L]: row r plays episode rows[r]
+    ids, mask = _left_pad([t.ids for t in transcripts], pad_id)
     rows, cache = list(range(len(envs))), DynamicCache()
     was_training = policy.training
     policy.eval()
     for turn in range(max(env.max_turns for env in envs)):
-        out = policy.generate(input_ids=ids.to(device), attention_mask=mask.to(device), tokenizer=tokenizer,
-                             generation_config=gen_config, **{CACHE_KWARG: cache}).cpu()
+        out = policy.generate(input_ids=ids.to(device), attention_mask=mask.to(device),
+                              tokenizer=tokenizer, generation_config=gen_config,
+                              **{CACHE_KWARG: cache}).cpu()
         new = out[:, ids.shape[1]:]
         kept = torch.zeros_like(new)          # 1 where a generated token belongs to its transcript
         observations = []
         cuts = [cut_turn(tokenizer, new[r].tolist(), eos_ids, pad_id) for r in range(len(rows))]
-        results = step_all([envs[i] for i in rows], [text for _, text in cuts])  # one retrieval call per turn
+        # one retrieval call per turn
+        results = step_all([envs[i] for i in rows], [text for _, text in cuts])
         for r, (i, (tokens, text), result) in enumerate(zip(rows, cuts, results)):
             kept[r, :len(tokens)] = 1
             turn_texts[i].append(text)
             kind = result.action.kind
             transcripts[i].add_turn(tokens, kind, turn, action_start(tokenizer, tokens, text, kind))
-            obs = tokenizer.encode(result.observation, add_special_tokens=False) if result.observation else []
+            obs = (tokenizer.encode(result.observation, add_special_tokens=False)
+                   if result.observation else [])
             transcripts[i].add_observation(obs)
             observations.append(obs)
         going = [r for r, i in enumerate(rows) if not envs[i].done]
@@ -389,15 +401,18 @@ def token_logprobs(model, input_ids, attention_mask, score_mask=None, chunk=4096
     """
     decoder = model.get_decoder()
     # No KV cache in a scoring forward: it would only hold every layer's keys and values.
-    hidden = decoder(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).last_hidden_state
+    hidden = decoder(input_ids=input_ids, attention_mask=attention_mask,
+                     use_cache=False).last_hidden_state
     if score_mask is None:
         score_mask = attention_mask
     select = score_mask[:, 1:].bool()                          # [N, T-1] targets to score
     h = hidden[:, :-1][select]                                 # [M, d] the states predicting them
     targets = input_ids[:, 1:][select]                         # [M]
     head = model.get_output_embeddings()
-    rows = min(chunk, max(1, 2**27 // head.weight.shape[0]))  # at most 2^27 logits (512 MB fp32) at once
-    recompute = torch.is_grad_enabled() and model.training and getattr(decoder, "gradient_checkpointing", False)
+    # at most 2^27 logits (512 MB fp32) at once
+    rows = min(chunk, max(1, 2**27 // head.weight.shape[0]))
+    recompute = (torch.is_grad_enabled() and model.training
+                 and getattr(decoder, "gradient_checkpointing", False))
     pieces = []
     for s in range(0, h.shape[0], rows):
         args = (head, h[s:s + rows], targets[s:s + rows], temperature)
@@ -416,5 +431,7 @@ def _chunk_logprobs(head, h, targets, temperature):
 def enable_checkpointing(model):
     """Gradient (activation) checkpointing: each decoder layer's activations are recomputed in
     the backward pass instead of kept, the usual trade of ~30% more compute for memory."""
-    enable = getattr(model, "activation_checkpointing_enable", None) or model.gradient_checkpointing_enable
-    enable({"use_reentrant": False})   # the renamed method in transformers 5; the kwargs dict either way
+    # the renamed method in transformers 5; the kwargs dict either way
+    enable = (getattr(model, "activation_checkpointing_enable", None)
+              or model.gradient_checkpointing_enable)
+    enable({"use_reentrant": False})
