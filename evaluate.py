@@ -39,7 +39,8 @@ SPLITS = ("test", "ood")
 HOPS = (1, 2, 3)             # 1 and 2 hops in `test`, 3 in `ood`
 MACRO_HOPS = (1, 2)          # the headline: ood (3 hops) stays near 0 for every run
 EVAL_WORLDS = 9              # ~1,090 test and 1,080 ood questions; one world's ~121 give EM ± 0.09
-EVAL_BATCH = 256             # questions per greedy rollout (a toy world has ~241, a real dev split thousands)
+# questions per greedy rollout (a toy world has ~241, a real dev split thousands)
+EVAL_BATCH = 256
 
 
 # ----------------------------------------------------------------------------- held-out questions
@@ -67,11 +68,13 @@ def heldout_questions(cfg, split, n, world_index=0, validation=False):
 
 @torch.no_grad()
 def greedy_episodes(policy, tokenizer, cfg, world, questions, dtype=torch.float32):
-    """Greedy exact match of each question [len(questions)] and its answers, EVAL_BATCH at a time."""
+    """Greedy exact match of each question [len(questions)] and its answers, EVAL_BATCH at a
+    time."""
     device = next(policy.parameters()).device
     rewards, answers = [], []
     for c in range(0, len(questions), EVAL_BATCH):
-        envs = search_env.episodes(world, questions[c:c + EVAL_BATCH], 1, cfg["MAX_TURNS"], cfg["TOP_K"])
+        envs = search_env.episodes(world, questions[c:c + EVAL_BATCH], 1, cfg["MAX_TURNS"],
+                                   cfg["TOP_K"])
         with model.autocast(device, dtype):
             r = model.rollout(policy, tokenizer, envs, cfg["MAX_NEW_TOKENS"], greedy=True)
         rewards, answers = rewards + [r.rewards], answers + r.answers
@@ -121,7 +124,8 @@ def heldout_by_hops(policy, tokenizer, cfg, worlds=EVAL_WORLDS, validation=False
         out[f"hop{h}"], out[f"hop{h}_n"], out[f"hop{h}_ci"] = em, total[h], [lo, hi]
     ems = [out[f"hop{h}"] for h in MACRO_HOPS]
     if None not in ems:
-        se_macro = math.sqrt(sum(p * (1 - p) / total[h] for p, h in zip(ems, MACRO_HOPS))) / len(ems)
+        se_macro = math.sqrt(sum(p * (1 - p) / total[h]
+                                 for p, h in zip(ems, MACRO_HOPS))) / len(ems)
         out["macro"] = sum(ems) / len(ems)
         out["macro_ci"] = [out["macro"] - 1.96 * se_macro, out["macro"] + 1.96 * se_macro]
     return out
@@ -129,7 +133,8 @@ def heldout_by_hops(policy, tokenizer, cfg, worlds=EVAL_WORLDS, validation=False
 
 # ----------------------------------------------------------------------------- intervals
 def wilson(successes, n, z=1.96):
-    """The Wilson score interval of a binomial proportion (sensible at 0 and 1, unlike p ± z·se)."""
+    """The Wilson score interval of a binomial proportion (sensible at 0 and 1, unlike
+    p ± z·se)."""
     p = successes / n
     centre = (p + z * z / (2 * n)) / (1 + z * z / n)
     half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
@@ -184,7 +189,8 @@ def run_summary(run_dir, worlds, warmup_em=None, validation=False):
     em = cached_em(checkpoint, policy, tokenizer, cfg, worlds, validation)
     if sft_path and os.path.isdir(sft_path) and sft_path not in warmup_em:
         warmed = model.load_model(sft_path, local_files_only=True)[0].eval()
-        warmup_em[sft_path] = cached_em(sft_path, warmed, tokenizer, cfg, worlds, validation).get("macro")
+        warmup_em[sft_path] = cached_em(sft_path, warmed, tokenizer, cfg, worlds,
+                                        validation).get("macro")
     metrics = runs.read_metrics(run_dir)
     steps = [m for m in metrics if not m.get("eval")]
     last = steps[-max(1, len(steps) // 5):] if steps else []   # the last fifth of training
@@ -208,14 +214,17 @@ def _num(v, spec=".3f"):
 
 def runs_table(rows):
     """One line per run: EM per hop with its 95% interval, the macro and the warm-up's."""
-    lines = ["| run | seed | " + " | ".join(f"{h}-hop EM [95%]" for h in HOPS) + " | macro [95%] | warm-up macro |",
+    lines = ["| run | seed | " + " | ".join(f"{h}-hop EM [95%]" for h in HOPS)
+             + " | macro [95%] | warm-up macro |",
              "|---" * (len(HOPS) + 4) + "|"]
     for r in rows:
-        cells = [f"{_num(r[f'hop{h}'])} [{_num(r[f'hop{h}_ci'][0])}, {_num(r[f'hop{h}_ci'][1])}] (n={r[f'hop{h}_n']})"
+        cells = [f"{_num(r[f'hop{h}'])} [{_num(r[f'hop{h}_ci'][0])}, "
+                 f"{_num(r[f'hop{h}_ci'][1])}] (n={r[f'hop{h}_n']})"
                  for h in HOPS]
         ci = r.get("macro_ci") or [None, None]
         cells.append(f"{_num(r.get('macro'))} [{_num(ci[0])}, {_num(ci[1])}]")
-        lines.append(f"| {r['run']} | {r['seed']} | " + " | ".join(cells) + f" | {_num(r['warmup_macro'])} |")
+        lines.append(f"| {r['run']} | {r['seed']} | " + " | ".join(cells)
+                     + f" | {_num(r['warmup_macro'])} |")
     return "\n".join(lines)
 
 
@@ -224,7 +233,8 @@ def results_table(rows):
     groups = {}
     for row in rows:
         groups.setdefault(row["group"], []).append(row)
-    cols = ["warmup_macro"] + [f"hop{h}" for h in HOPS] + ["macro", "modulated_frac", "gap_pos", "gap_neg", "wall_min"]
+    cols = (["warmup_macro"] + [f"hop{h}" for h in HOPS]
+            + ["macro", "modulated_frac", "gap_pos", "gap_neg", "wall_min"])
     lines = ["| run | seeds | " + " | ".join(cols) + " |", "|---" * (len(cols) + 2) + "|"]
     for name, rs in groups.items():
         cells = []
@@ -234,7 +244,8 @@ def results_table(rows):
                 cells.append("–")
                 continue
             t = torch.tensor(vals, dtype=torch.float64)
-            cells.append(f"{t.mean().item():.3f} ± {t.std().item():.3f}" if len(vals) > 1 else f"{vals[0]:.3f}")
+            cells.append(f"{t.mean().item():.3f} ± {t.std().item():.3f}" if len(vals) > 1
+                         else f"{vals[0]:.3f}")
         lines.append(f"| {name} | {len(rs)} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
@@ -287,9 +298,11 @@ def paired_table(paired):
         lines += [f"{name} − {p['baseline']}, paired by seed:", "",
                   "| seed | " + " | ".join(keys) + " |", "|---" * (len(keys) + 1) + "|"]
         for s in p["seeds"]:
-            lines.append(f"| {s} | " + " | ".join(_num(p["diff"][s][k], "+.3f") for k in keys) + " |")
-        lines += (["", f"mean paired difference and 95% t-interval over {len(p['seeds'])} seeds (t with "
-                       f"{len(p['seeds']) - 1} df):", ""] + [f"- {k}: {_interval(*p['intervals'][k])}" for k in keys] + [""])
+            lines.append(f"| {s} | " + " | ".join(_num(p["diff"][s][k], "+.3f") for k in keys)
+                         + " |")
+        lines += (["", f"mean paired difference and 95% t-interval over {len(p['seeds'])} seeds "
+                       f"(t with {len(p['seeds']) - 1} df):", ""]
+                  + [f"- {k}: {_interval(*p['intervals'][k])}" for k in keys] + [""])
     return "\n".join(lines)
 
 
@@ -301,21 +314,28 @@ def summary_table(rows, paired):
     baseline = next(iter(paired.values()))["baseline"]
     base = [r for r in rows if r["group"] == baseline]
     lines = [f"| measure | {baseline} (mean of {len(base)}) | " +
-             " | ".join(f"{g} − {baseline} [95%] (n={len(p['seeds'])})" for g, p in paired.items()) + " |",
+             " | ".join(f"{g} − {baseline} [95%] (n={len(p['seeds'])})"
+                        for g, p in paired.items()) + " |",
              "|---" * (len(paired) + 2) + "|"]
     for k in [k for k in next(iter(paired.values()))["keys"]
               if any(k in p["intervals"] for p in paired.values())]:
         vals = [r[k] for r in base if r.get(k) is not None]
-        cells = [_interval(*p["intervals"][k]) if k in p["intervals"] else "–" for p in paired.values()]
-        lines.append(f"| {k} | {_num(sum(vals) / len(vals) if vals else None)} | " + " | ".join(cells) + " |")
+        cells = [_interval(*p["intervals"][k]) if k in p["intervals"] else "–"
+                 for p in paired.values()]
+        lines.append(f"| {k} | {_num(sum(vals) / len(vals) if vals else None)} | "
+                     + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 
 def main(argv):
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("runs", nargs="+", help="run directories (OUT_DIR of train.py) or checkpoint directories")
-    ap.add_argument("--worlds", type=int, default=EVAL_WORLDS, help="held-out worlds to evaluate on")
-    ap.add_argument("--baseline", default=None, help="run group to pair against (default: the GRPO runs)")
+    ap = argparse.ArgumentParser(description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("runs", nargs="+",
+                    help="run directories (OUT_DIR of train.py) or checkpoint directories")
+    ap.add_argument("--worlds", type=int, default=EVAL_WORLDS,
+                    help="held-out worlds to evaluate on")
+    ap.add_argument("--baseline", default=None,
+                    help="run group to pair against (default: the GRPO runs)")
     ap.add_argument("--validation", action="store_true",
                     help="validation worlds instead of held-out ones (for choosing settings)")
     ap.add_argument("--json", default=None, help="also write the results as JSON here")
@@ -325,7 +345,8 @@ def main(argv):
     lab_flags.add_argument("--plot", nargs="?", const="curves.png", default=None,
                      help="learning curves PNG (lab/curves.py)")
     lab_flags.add_argument("--credit", type=int, nargs="?", const=64, default=0, metavar="Q",
-                     help="the teacher's report card on Q held-out questions, default 64 (lab/credit.py)")
+                     help="the teacher's report card on Q held-out questions, default 64 "
+                          "(lab/credit.py)")
     lab_flags.add_argument("--variants", action="store_true",
                      help="with --credit: score every EviSD design choice on the same samples")
     lab_flags.add_argument("--show", type=int, default=0, metavar="K",
@@ -335,7 +356,8 @@ def main(argv):
         if not os.path.isdir(run):
             raise SystemExit(f"{run}: no such run directory")
     if args.worlds < 1 or args.credit < 0:
-        raise SystemExit(f"--worlds must be >= 1 and --credit >= 0, got {args.worlds} and {args.credit}")
+        raise SystemExit(f"--worlds must be >= 1 and --credit >= 0, got {args.worlds} and "
+                         f"{args.credit}")
     if args.variants and not args.credit:
         raise SystemExit("--variants goes with --credit")
     # The lab's switch for the report card and the gap view: they sample episodes of their own.
@@ -352,7 +374,8 @@ def main(argv):
             row.update(curves.speed(runs.read_metrics(row["run"]), row["rl_steps"]))
         keys += curves.SPEED_KEYS
     paired = paired_differences(rows, args.baseline, keys)
-    print(runs_table(rows), results_table(rows), paired_table(paired), summary_table(rows, paired), sep="\n\n")
+    print(runs_table(rows), results_table(rows), paired_table(paired),
+          summary_table(rows, paired), sep="\n\n")
     if any("f1" in r for r in rows):
         real = runs.lab("real_data", "a real-data run")
         print("\n" + real.dev_table([r for r in rows if "f1" in r]))

@@ -51,7 +51,8 @@ def policy_loss(logp, old_logp, ref_logp, token_adv, mask, clip_eps=0.2, kl_coef
         mean_kl = torch.zeros(())
     loss = (per_token * mask).sum() / n_tokens
     # A token is clipped when the clipped branch is the one the min picks with zero gradient.
-    is_clipped = ((ratio < 1 - clip_eps) & (token_adv < 0)) | ((ratio > 1 + clip_eps) & (token_adv > 0))
+    is_clipped = (((ratio < 1 - clip_eps) & (token_adv < 0))
+                  | ((ratio > 1 + clip_eps) & (token_adv > 0)))
     stats = {"clip_frac": ((is_clipped.float() * mask).sum() / n_tokens).item(),
              "kl": mean_kl.item(),
              "ratio": ((ratio.detach() * mask).sum() / n_tokens).item()}

@@ -25,10 +25,16 @@ from torch.utils.checkpoint import checkpoint
 from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import (AutoModelForCausalLM, AutoTokenizer, DynamicCache, GenerationConfig,
                           GenerationMixin, PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM)
+from transformers.utils import logging as transformers_logging
 
 from search_env import (ANSWER, ANSWER_END, INSTRUCTION, INVALID_OBSERVATION, SEARCH, SEARCH_END,
                         TAGS, Question, SearchEnv, format_information, parse_action, step_all)
 from toy_world import SYLLABLES, expert_episode, make_world
+
+# transformers' progress bars and notices ("Loading weights", "Writing model shards") would bury
+# the run's own output; its errors still show.
+transformers_logging.set_verbosity_error()
+transformers_logging.disable_progress_bar()
 
 SPECIAL_TOKENS = ["<pad>", "<bos>", "<eos>", "<unk>"]
 KIND_IDS = {"search": 1, "answer": 2}  # values of action_kind; 0 = not inside an action span

@@ -48,7 +48,8 @@ class Schema:
     choices: dict = field(default_factory=dict)
     limits: dict = field(default_factory=dict)
     auto: dict = field(default_factory=dict)
-    checks: tuple = ()   # functions of the whole config that stop on settings that do not go together
+    # functions of the whole config that stop on settings that do not go together
+    checks: tuple = ()
 
 
 def check_setting(name, value, text, defaults, schema, where=""):
@@ -65,11 +66,13 @@ def check_setting(name, value, text, defaults, schema, where=""):
     if isinstance(default, float) and isinstance(value, int) and not isinstance(value, bool):
         value = float(value)
     if type(value) is not type(default):
-        like = f"like {default!r} or \"auto\"" if name in schema.auto else f"like the default {default!r}"
+        like = (f"like {default!r} or \"auto\"" if name in schema.auto
+                else f"like the default {default!r}")
         raise SystemExit(f"{where}{name}={text!r}: expected {type(default).__name__} "
                          f"{like}, got {type(value).__name__}")
     if name in schema.choices and value not in schema.choices[name]:
-        raise SystemExit(f"{where}{name}={value!r}: allowed values are {', '.join(schema.choices[name])}")
+        raise SystemExit(f"{where}{name}={value!r}: allowed values are "
+                         f"{', '.join(schema.choices[name])}")
     return value
 
 
@@ -124,7 +127,8 @@ def parse_overrides(argv, defaults, schema):
             raise SystemExit(f"bad argument {arg!r}: use --NAME=value, a config file "
                              "(config/NAME.py), --resume or --overwrite")
     if flags == {"resume", "overwrite"}:
-        raise SystemExit("--resume continues the run in OUT_DIR and --overwrite deletes it: give one")
+        raise SystemExit("--resume continues the run in OUT_DIR and --overwrite deletes it: "
+                         "give one")
     device = config["DEVICE"]
     if not (device in ("auto", "cpu", "cuda") or re.fullmatch(r"cuda:\d+", device)):
         raise SystemExit(f"DEVICE={device!r}: allowed values are auto, cpu, cuda, cuda:N")
@@ -135,9 +139,11 @@ def parse_overrides(argv, defaults, schema):
                              + (" (or auto)" if name in schema.auto else ""))
     embedded = config["MODEL"] in model.SIZES
     path = config["MODEL"]
-    if not embedded and os.path.isdir(path) and not os.path.exists(os.path.join(path, "config.json")):
+    if (not embedded and os.path.isdir(path)
+            and not os.path.exists(os.path.join(path, "config.json"))):
         raise SystemExit(f"MODEL={path!r}: this directory has no config.json, so it is not a "
-                         f"Hugging Face model directory; the embedded models are {', '.join(model.SIZES)}")
+                         "Hugging Face model directory; the embedded models are "
+                         f"{', '.join(model.SIZES)}")
     for check in schema.checks:        # last: a check may read files (real_data.check_config)
         check(config)
     return config, "resume" in flags, "overwrite" in flags
@@ -170,7 +176,7 @@ def lab(module, feature):
                          "does not have") from None
 
 
-# ----------------------------------------------------------------------------- processes, device, seeds
+# ------------------------------------------------------------------------- processes, device, seeds
 def setup(cfg):
     """Processes, device and threads: (rank, world_size, device, dtype). Under torchrun each
     process is a rank of a data-parallel group (NCCL on CUDA, gloo on the CPU)."""
@@ -178,12 +184,14 @@ def setup(cfg):
         dist.init_process_group("nccl" if cfg["DEVICE"].startswith("cuda") else "gloo")
     rank, world_size = rank_and_size()
     if cfg["QUESTIONS_PER_STEP"] % world_size:
-        raise SystemExit(f"QUESTIONS_PER_STEP={cfg['QUESTIONS_PER_STEP']} must divide by the {world_size} processes")
+        raise SystemExit(f"QUESTIONS_PER_STEP={cfg['QUESTIONS_PER_STEP']} must divide by the "
+                         f"{world_size} processes")
     if dist.is_initialized() and rank == 0:
         print(f"DDP: {world_size} processes, backend {dist.get_backend()}")
     device, dtype = pick_device(cfg)
     # The cores are split between the ranks; OMP_NUM_THREADS, when set, wins.
-    torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", 0)) or max(1, (os.cpu_count() or 1) // world_size))
+    torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", 0))
+                          or max(1, (os.cpu_count() or 1) // world_size))
     return rank, world_size, device, dtype
 
 
@@ -230,8 +238,10 @@ def seed_everything(*parts):
 
 
 def rng_states():
-    """Every RNG the run touches, for a complete checkpoint (resuming reseeds from SEED and step)."""
-    states = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
+    """Every RNG the run touches, for a complete checkpoint (resuming reseeds from SEED and
+    step)."""
+    states = {"python": random.getstate(), "numpy": np.random.get_state(),
+              "torch": torch.get_rng_state()}
     if torch.cuda.is_available():
         states["cuda"] = torch.cuda.get_rng_state_all()
     return states
@@ -267,7 +277,8 @@ def load_weights(policy, path):
 def checkpoints(out_dir):
     """A run's ``ckpt-NNNNNN`` directories, oldest first. The ``.tmp`` and ``.old`` leftovers of
     an interrupted save are not checkpoints."""
-    names = [n for n in os.listdir(out_dir) if re.fullmatch(r"ckpt-\d+", n)] if os.path.isdir(out_dir) else []
+    names = ([n for n in os.listdir(out_dir) if re.fullmatch(r"ckpt-\d+", n)]
+             if os.path.isdir(out_dir) else [])
     return [os.path.join(out_dir, n) for n in sorted(names, key=lambda n: int(n[5:]))]
 
 
@@ -302,16 +313,19 @@ def restore(resumed, policy, optimizer, rank):
 def load_checkpoint(out_dir):
     """(path, model, tokenizer, training state) of the newest readable checkpoint, or None.
 
-    One whose weights, tokenizer or state.pt are missing or damaged is named and the one before it is tried (two are kept)."""
+    One whose weights, tokenizer or state.pt are missing or damaged is named and the one before it
+    is tried (two are kept)."""
     for path in reversed(checkpoints(out_dir)):
         try:
             policy, tok = model.load_model(path, local_files_only=True)
             state = torch.load(os.path.join(path, "state.pt"), weights_only=False)
-            missing = [k for k in ("step", "bad_steps", "optimizer", "rng", "config") if k not in state]
+            missing = [k for k in ("step", "bad_steps", "optimizer", "rng", "config")
+                       if k not in state]
             if missing:
                 raise KeyError(f"state.pt has no {', '.join(missing)}")
             return path, policy, tok, state
-        # A damaged file fails in many ways (OSError, a zip, pickle or safetensors error, ...): any means it is unusable.
+        # A damaged file fails in many ways (OSError, a zip, pickle or safetensors error, ...): any
+        # means it is unusable.
         except Exception as e:
             why = (str(e).strip().splitlines() or [""])[0]
             print(f"warning: checkpoint {path} is unreadable ({type(e).__name__}: {why}); "
@@ -349,20 +363,24 @@ def stop_on_sigterm(signum, frame):
 
 
 def open_run(cfg, resume, overwrite, run_keys, rank):
-    """Make OUT_DIR ready: stop before a fresh run writes over another, or, with --resume, read its newest checkpoint
-    and stop if it is another run. Returns what load_checkpoint returned (None: a fresh run, or none readable)."""
+    """Make OUT_DIR ready: stop before a fresh run writes over another, or, with --resume, read its
+    newest checkpoint and stop if it is another run. Returns what load_checkpoint returned (None: a
+    fresh run, or none readable)."""
     out = cfg["OUT_DIR"]
     check_out_dir(out, resume, overwrite, rank)
     resumed = load_checkpoint(out) if resume else None
     if resumed:
         check_resume_config(resumed[3]["config"], cfg, resumed[0], run_keys, rank)
-        c, want = resumed[1].config, model.SIZES.get(cfg["MODEL"])   # SIZES may change with the code
-        if want and want != (c.hidden_size, c.num_hidden_layers, c.num_attention_heads, c.num_key_value_heads,
-                             c.intermediate_size):
-            raise SystemExit(f"--resume: {resumed[0]} holds a {cfg['MODEL']} model of another shape than today's "
-                             f"model.SIZES {want}: start a new run in another OUT_DIR, or resume with the code that wrote it.")
+        # SIZES may change with the code
+        c, want = resumed[1].config, model.SIZES.get(cfg["MODEL"])
+        if want and want != (c.hidden_size, c.num_hidden_layers, c.num_attention_heads,
+                             c.num_key_value_heads, c.intermediate_size):
+            raise SystemExit(f"--resume: {resumed[0]} holds a {cfg['MODEL']} model of another "
+                             f"shape than today's model.SIZES {want}: start a new run in another "
+                             "OUT_DIR, or resume with the code that wrote it.")
     elif resume and rank == 0:
-        print(f"--resume: no readable checkpoint in {out}; starting from the warm-up, after the rows in its metrics.jsonl")
+        print(f"--resume: no readable checkpoint in {out}; starting from the warm-up, "
+              "after the rows in its metrics.jsonl")
     os.makedirs(out, exist_ok=True)
     return resumed
 
@@ -376,8 +394,9 @@ def check_out_dir(out, resume, overwrite, rank):
     if rows:
         held.append(f"metrics.jsonl with {len(rows)} rows")
     if held and not overwrite:
-        raise SystemExit(f"{out} already holds a run ({', '.join(held)}). Continue it with --resume, "
-                         "give another --OUT_DIR, or pass --overwrite to delete it and start again.")
+        raise SystemExit(f"{out} already holds a run ({', '.join(held)}). Continue it with "
+                         "--resume, give another --OUT_DIR, or pass --overwrite to delete it and "
+                         "start again.")
     if held and rank == 0:
         print(f"--overwrite: deleting {', '.join(held)} in {out}")
         for name in os.listdir(out):
@@ -388,7 +407,8 @@ def check_out_dir(out, resume, overwrite, rank):
 
 
 def check_resume_config(saved, cfg, ckpt, run_keys, rank):
-    """Stop when a setting in ``run_keys`` differs from the checkpoint's; note the others that do."""
+    """Stop when a setting in ``run_keys`` differs from the checkpoint's; note the others that
+    do."""
     diff = {k: f"{k}={cfg[k]!r} (checkpoint: {saved.get(k)!r})" for k in cfg
             if k != "OUT_DIR" and saved.get(k) != cfg[k]}   # a moved run directory is the same run
     defining = [v for k, v in diff.items() if k in run_keys]

@@ -200,10 +200,6 @@ class Action:
     content: str   # the query or the answer; for invalid turns, why
 
 
-def _invalid(why):
-    return Action("invalid", why)
-
-
 def parse_action(turn_text):
     """Parse one generated turn, which ends at the first ``</search>`` or ``</answer>``.
 
@@ -213,45 +209,46 @@ def parse_action(turn_text):
     without control characters (tab and newline are allowed in the thinking, not in the action).
     """
     if not isinstance(turn_text, str):
-        return _invalid("not text")
+        return Action("invalid", "not text")
     try:
         turn_text.encode("utf-8")
     except UnicodeEncodeError as e:
-        return _invalid(f"not valid Unicode (lone surrogate U+{ord(turn_text[e.start]):04X})")
+        surrogate = ord(turn_text[e.start])
+        return Action("invalid", f"not valid Unicode (lone surrogate U+{surrogate:04X})")
     bad = next((ch for ch in turn_text
                 if unicodedata.category(ch) == "Cc" and ch not in "\t\n\r"), None)
     if bad is not None:
-        return _invalid(f"control character U+{ord(bad):04X}")
+        return Action("invalid", f"control character U+{ord(bad):04X}")
     text = turn_text.strip()
     counts = {t: text.count(t) for t in TAGS}
     if counts[INFO] or counts[INFO_END]:
-        return _invalid("the model may not write <information>")
+        return Action("invalid", "the model may not write <information>")
     n_search = counts[SEARCH] + counts[SEARCH_END]
     n_answer = counts[ANSWER] + counts[ANSWER_END]
     if n_search and n_answer:
-        return _invalid("both a search and an answer")
+        return Action("invalid", "both a search and an answer")
     if n_search == 0 and n_answer == 0:
-        return _invalid("no action tag")
+        return Action("invalid", "no action tag")
     kind, open_tag, close_tag = (("search", SEARCH, SEARCH_END) if n_search
                                  else ("answer", ANSWER, ANSWER_END))
     if counts[open_tag] != 1 or counts[close_tag] != 1:
-        return _invalid("unclosed or repeated tag")
+        return Action("invalid", "unclosed or repeated tag")
     if not text.endswith(close_tag):
-        return _invalid("text after the closing tag")
+        return Action("invalid", "text after the closing tag")
     start = text.index(open_tag)
     content = text[start + len(open_tag):-len(close_tag)]
     if any(t in content for t in TAGS):
-        return _invalid("nested tag")
+        return Action("invalid", "nested tag")
     if any(ch in "\t\n\r" for ch in content):
-        return _invalid("tab or line break inside the " + kind)
+        return Action("invalid", "tab or line break inside the " + kind)
     content = content.strip()
     if not content:
-        return _invalid("empty " + kind)
+        return Action("invalid", "empty " + kind)
     if len(content) > MAX_ACTION_CHARS:
-        return _invalid(kind + " too long")
+        return Action("invalid", kind + " too long")
     before = text[:start]
     if counts[THINK] != counts[THINK_END] or before.count(THINK_END) != counts[THINK_END]:
-        return _invalid("unbalanced <think>")
+        return Action("invalid", "unbalanced <think>")
     return Action(kind, content)
 
 
