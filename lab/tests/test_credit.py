@@ -131,8 +131,8 @@ def test_report_card_on_a_scripted_batch(world):
     bad = toy_world.expert_episode(q, world, stop_early=1.0)
     trs = [model.encode_episode(tok, model.render_prompt(tok, q), e.turns, e.observations) for e in (good, bad)]
     r = model.Rollouts(**model.collate(trs, tok.pad_token_id), rewards=torch.tensor([1.0, 0.0]),
-                   answers=[good.answer, bad.answer], turns=torch.tensor([3, 2]), questions=[q, q],
-                   turn_texts=[good.turns, bad.turns])
+                       answers=[good.answer, bad.answer], turns=torch.tensor([3, 2]), questions=[q, q],
+                       turn_texts=[good.turns, bad.turns])
     labs = credit.episode_labels(r, world, top_k=3)
     assert [a.label for a in labs[1]] == ["hit", "premature"]
     adv = torch.tensor([0.7, -0.7])
@@ -210,8 +210,8 @@ def test_decision_tag_covers_exactly_the_opening_tag(world, tokenizer, request):
     ep = toy_world.expert_episode(q, world)
     tr = model.encode_episode(tok, model.render_prompt(tok, q), ep.turns, ep.observations)
     r = model.Rollouts(**model.collate([tr, tr], tok.pad_token_id), rewards=torch.tensor([1.0, 0.0]),
-                   answers=[ep.answer] * 2, turns=torch.tensor([3, 3]), questions=[q, q],
-                   turn_texts=[ep.turns] * 2)
+                       answers=[ep.answer] * 2, turns=torch.tensor([3, 3]), questions=[q, q],
+                       turn_texts=[ep.turns] * 2)
     gap = torch.zeros(r.input_ids.shape)
     records = credit.action_records(r, credit.episode_labels(r, world, 3), torch.tensor([1.0, -1.0]),
                                     gap, torch.ones_like(gap), tok, rows=[0])

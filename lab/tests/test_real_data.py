@@ -360,8 +360,8 @@ def scripted_rollout(lm, tok, envs, *args, **kwargs):
     trs = [model.encode_episode(tok, model.render_prompt(tok, q), turns, [env.step(t).observation for t in turns])
            for q, env, turns in zip(episodes, envs, texts)]
     return model.Rollouts(**model.collate(trs, tok.pad_token_id), rewards=torch.tensor([e.reward for e in envs]),
-                      answers=[e.answer for e in envs], turns=torch.tensor([e.turns for e in envs]),
-                      questions=episodes, turn_texts=texts)
+                          answers=[e.answer for e in envs], turns=torch.tensor([e.turns for e in envs]),
+                          questions=episodes, turn_texts=texts)
 
 
 def test_the_report_card_grades_the_teacher_on_hotpotqa_evidence(standin_dir, tmp_path, monkeypatch):
