@@ -121,7 +121,9 @@ def check_data(cfg):
 SCHEMA = runs.Schema(
     choices={"METHOD": ("evisd", "grpo"), "EVIDENCE_AT": ("first", "every"),
              "ANSWER_AT": ("tag", "content"), "EVISD_SPAN": ("action", "content"),
-             "DTYPE": ("auto", "float32", "bfloat16", "float16")},
+             "DTYPE": ("auto", "float32", "bfloat16", "float16"),
+             "DATA": ("toy", "hotpotqa", "2wiki", "musique", "jsonl"),
+             "EVIDENCE": ("auto", "supporting", "answer_passages", "answer_only")},
     # Every number's range, checked before any work starts (EVISD_EPS <= 1: beyond, 1 - eps < 0
     # clips nothing; SEED: what torch.manual_seed takes).
     limits={"SEED": ((lambda v: 0 <= v < 2**63), ">= 0 and < 2^63"),
@@ -267,7 +269,7 @@ def measure_beside(cfg, record):
     return out
 
 
-# Averaged over ranks under DDP; the gap statistics and label shares stay those of rank 0's shard.
+# Averaged over ranks under torchrun; the gap statistics and label shares stay rank 0's.
 REDUCED = ("reward", "em", "loss", "kl", "clip_frac", "ratio", "turns", "answered", "tokens",
            "gen_tokens", "modulated_frac")
 

@@ -67,14 +67,16 @@ def bench_config(name, lm, tok, cfg, device, dtype, repeats, trained):
 
     def do_rollout():
         torch.manual_seed(0)
-        envs = search_env.episodes(world, questions, cfg["GROUP_SIZE"], cfg["MAX_TURNS"], cfg["TOP_K"])
+        envs = search_env.episodes(world, questions, cfg["GROUP_SIZE"], cfg["MAX_TURNS"],
+                                   cfg["TOP_K"])
         with model.autocast(device, dtype):
             return model.rollout(lm, tok, envs, cfg["MAX_NEW_TOKENS"], cfg["TEMPERATURE"])
     rollout_s, r = timed(do_rollout, repeats)
     gen_tokens = int(r.gen_mask.sum())
 
     # One plain generate call writing the same number of tokens from the same prompts.
-    prompts = [tok.encode(model.render_prompt(tok, q)) for q in questions for _ in range(cfg["GROUP_SIZE"])]
+    prompts = [tok.encode(model.render_prompt(tok, q)) for q in questions
+               for _ in range(cfg["GROUP_SIZE"])]
     L = max(map(len, prompts))
     ids = torch.tensor([[tok.pad_token_id] * (L - len(p)) + p for p in prompts], device=device)
     mask = (ids != tok.pad_token_id).long()
@@ -84,7 +86,8 @@ def bench_config(name, lm, tok, cfg, device, dtype, repeats, trained):
         torch.manual_seed(0)
         with torch.no_grad(), model.autocast(device, dtype):
             return lm.generate(input_ids=ids, attention_mask=mask, do_sample=True, top_k=0,
-                               max_new_tokens=per_row, min_new_tokens=per_row, pad_token_id=tok.pad_token_id)
+                               max_new_tokens=per_row, min_new_tokens=per_row,
+                               pad_token_id=tok.pad_token_id)
     generate_s, _ = timed(do_generate, repeats)
 
     batch = r if trained else warmup.expert_rollouts(cfg, tok, world, questions)
@@ -95,29 +98,35 @@ def bench_config(name, lm, tok, cfg, device, dtype, repeats, trained):
     else:
         peak = f"{resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:.0f} MiB (RSS)"
     grpo_update, (evisd_update, ev_metrics) = results["grpo"][0], results["evisd"]
-    return dict(config=name, params=sum(p.numel() for p in lm.parameters()), episodes=len(prompts),
-                update_tokens=int(batch.attention_mask.sum()), gen_tokens=gen_tokens,
-                rollout_tok_s=gen_tokens / rollout_s, generate_tok_s=per_row * len(prompts) / generate_s,
+    return dict(config=name, params=sum(p.numel() for p in lm.parameters()),
+                episodes=len(prompts), update_tokens=int(batch.attention_mask.sum()),
+                gen_tokens=gen_tokens, rollout_tok_s=gen_tokens / rollout_s,
+                generate_tok_s=per_row * len(prompts) / generate_s,
                 rollout_s=rollout_s, teacher_s=ev_metrics["teacher_s"],
                 modulated_frac=ev_metrics["modulated_frac"],
-                grpo_step_s=rollout_s + grpo_update, evisd_step_s=rollout_s + evisd_update, peak=peak)
+                grpo_step_s=rollout_s + grpo_update, evisd_step_s=rollout_s + evisd_update,
+                peak=peak)
 
 
 def main():
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--sizes", default="tiny,small", help="embedded configs to measure")
     ap.add_argument("--model", default=None, help="a trained HF checkpoint directory instead")
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--device", default="auto")
     ap.add_argument("--json", default=None, help="also write the rows and ratios to this file")
-    args, config_args = ap.parse_known_args()   # the rest: train.py's --NAME=value overrides
-    overrides = config_args + [f"--DEVICE={args.device}"] + ([f"--MODEL={args.model}"] if args.model else [])
+    # the rest: train.py's --NAME=value overrides
+    args, config_args = ap.parse_known_args()
+    overrides = (config_args + [f"--DEVICE={args.device}"]
+                 + ([f"--MODEL={args.model}"] if args.model else []))
     cfg, _, _ = train.configure(overrides)   # train.py's defaults, auto LRs resolved
     device, dtype = runs.pick_device(cfg)
     rows = []
     if args.model:
         lm, tok = model.load_model(args.model, local_files_only=True)
-        rows.append(bench_config(args.model, lm, tok, cfg, device, dtype, args.repeats, trained=True))
+        rows.append(bench_config(args.model, lm, tok, cfg, device, dtype, args.repeats,
+                                 trained=True))
     else:
         tok = model.build_tokenizer(model.tokenizer_texts())
         for size in args.sizes.split(","):
@@ -128,14 +137,16 @@ def main():
     print(f"device={device} dtype={dtype} repeats={args.repeats} (median)")
     print("| " + " | ".join(cols) + " |\n" + "|---" * len(cols) + "|")
     for row in rows:
-        print("| " + " | ".join(f"{row[c]:.3f}" if isinstance(row[c], float) else str(row[c]) for c in cols) + " |")
+        print("| " + " | ".join(f"{row[c]:.3f}" if isinstance(row[c], float) else str(row[c])
+                                for c in cols) + " |")
     step_ratio = statistics.mean(r["evisd_step_s"] / r["grpo_step_s"] for r in rows)
     gen_ratio = statistics.mean(r["rollout_tok_s"] / r["generate_tok_s"] for r in rows)
     print(f"evisd_step_over_grpo_step={step_ratio:.2f} rollout_over_generate={gen_ratio:.2f}")
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"device": str(device), "dtype": str(dtype), "repeats": args.repeats, "rows": rows,
-                       "evisd_step_over_grpo_step": step_ratio, "rollout_over_generate": gen_ratio}, f, indent=1)
+            json.dump({"device": str(device), "dtype": str(dtype), "repeats": args.repeats,
+                       "rows": rows, "evisd_step_over_grpo_step": step_ratio,
+                       "rollout_over_generate": gen_ratio}, f, indent=1)
 
 
 if __name__ == "__main__":

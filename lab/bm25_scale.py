@@ -2,7 +2,7 @@
 synthetic passages shaped like wiki-18's (a two-word title and 100 words, words drawn from a
 Zipf law over a 300k-word vocabulary, so common words have posting lists as long as the corpus).
 
-    nice -n 19 python lab/bm25_scale.py 100000      # one size per process: its peak memory is its own
+    nice -n 19 python lab/bm25_scale.py 100000  # one size per process: its peak memory is its own
     nice -n 19 python lab/bm25_scale.py 1000000
 
 Prints one JSON line: build seconds, the process's memory before the build and its peak above
@@ -18,7 +18,7 @@ import time
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-import search_env as se  # noqa: E402
+import search_env  # noqa: E402
 
 VOCAB, WORDS, ZIPF = 300_000, 100, 1.07
 
@@ -42,10 +42,11 @@ def main(n):
     rss = lambda: resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20   # GiB (Linux: KiB)
     before = rss()
     t0 = time.perf_counter()
-    bm25 = se.BM25(texts)
+    bm25 = search_env.BM25(texts)
     build_s = time.perf_counter() - t0
     arrays = sum(a.nbytes for a in (bm25.post_doc, bm25.post_weight, bm25.offsets)) / 2**30
-    queries = [" ".join(vocab[i] for i in rng.choice(VOCAB, size=rng.integers(3, 9), p=p)) for _ in range(200)]
+    queries = [" ".join(vocab[i] for i in rng.choice(VOCAB, size=rng.integers(3, 9), p=p))
+               for _ in range(200)]
     ms = []
     for q in queries:
         t0 = time.perf_counter()
@@ -53,7 +54,8 @@ def main(n):
         ms.append(1000 * (time.perf_counter() - t0))
     print(json.dumps({"passages": n, "postings": len(bm25.post_doc), "vocab": len(bm25.vocab),
                       "build_s": round(build_s, 1), "rss_before_build_gib": round(before, 2),
-                      "peak_above_that_gib": round(rss() - before, 2), "index_arrays_gib": round(arrays, 2),
+                      "peak_above_that_gib": round(rss() - before, 2),
+                      "index_arrays_gib": round(arrays, 2),
                       "ms_per_query_median": round(float(np.median(ms)), 1),
                       "ms_per_query_p95": round(float(np.percentile(ms, 95)), 1)}))
 

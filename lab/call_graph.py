@@ -29,7 +29,8 @@ def trace(run, start="rl_step"):
         if event == "call":
             depth[0] += is_start
             if depth[0] and not code.co_name.startswith("<"):
-                found.add((os.path.relpath(code.co_filename, ROOT), code.co_firstlineno, code.co_name))
+                found.add((os.path.relpath(code.co_filename, ROOT), code.co_firstlineno,
+                           code.co_name))
         elif is_start:
             depth[0] -= 1
 

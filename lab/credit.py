@@ -50,7 +50,8 @@ def episode_labels(rollouts, world, top_k):
     """The oracle labels of every episode of a Rollouts batch: a list (None where unknown)."""
     if rollouts.turn_texts is None:        # a batch built from transcripts, not played
         return [None] * len(rollouts.questions)
-    return [world.oracle_labels(q, turns, top_k) for q, turns in zip(rollouts.questions, rollouts.turn_texts)]
+    return [world.oracle_labels(q, turns, top_k)
+            for q, turns in zip(rollouts.questions, rollouts.turn_texts)]
 
 
 # ----------------------------------------------------------------------------- the report card
@@ -71,10 +72,12 @@ def action_records(rollouts, labels, adv, gap, weight, tokenizer, rows):
             if kind not in model.KIND_IDS:
                 continue
             lab = labels[i][turn]
-            cut = start + model.tag_length(tokenizer, rollouts.input_ids[i, start:end].tolist(), kind)
+            cut = start + model.tag_length(tokenizer, rollouts.input_ids[i, start:end].tolist(),
+                                           kind)
             for part, (a, b), good, name in (
                     ("tag", (start, cut), lab.decision_ok, "right" if lab.decision_ok else "wrong"),
-                    ("content", (cut, end), None if lab.label is None else lab.label in toy_world.GOOD_LABELS, lab.label)):
+                    ("content", (cut, end),
+                     None if lab.label is None else lab.label in toy_world.GOOD_LABELS, lab.label)):
                 if b <= a or good is None:     # real data that cannot say: no record
                     continue
                 records.append(dict(kind=kind, part=part, label=name, good=bool(good),
@@ -114,10 +117,12 @@ def summarise(records, adv, token_adv):
     for r in records:
         table[(r["kind"], r["part"], r["label"], r["sign"])].append(r)
     order = lambda key: (key[0] != "search", PARTS.index(key[1]), key[2], -key[3])
-    rows = [dict(kind=k, part=p, label=l, sign="A>0" if s > 0 else "A<0", count=len(table[k, p, l, s]),
-                 gap=mean([r["gap"] for r in table[k, p, l, s]]), w=mean([r["w"] for r in table[k, p, l, s]]))
+    rows = [dict(kind=k, part=p, label=l, sign="A>0" if s > 0 else "A<0",
+                 count=len(table[k, p, l, s]), gap=mean([r["gap"] for r in table[k, p, l, s]]),
+                 w=mean([r["w"] for r in table[k, p, l, s]]))
             for k, p, l, s in sorted(table, key=order)]
-    sign = {key: torch.zeros(shape) for key in ("all", *((k, p) for k in ("search", "answer") for p in PARTS))}
+    sign = {key: torch.zeros(shape)
+            for key in ("all", *((k, p) for k in ("search", "answer") for p in PARTS))}
     for r in records:
         for key in ("all", (r["kind"], r["part"])):
             sign[key][r["episode"], r["start"]:r["end"]] = 1.0 if r["good"] else -1.0
@@ -129,7 +134,8 @@ def summarise(records, adv, token_adv):
         parts[name] = dict(
             actions=len(rs), good=sum(r["good"] for r in rs),
             auc=auc([r["gap"] for r in rs if r["good"]], [r["gap"] for r in rs if not r["good"]]),
-            misassigned_grpo=misassigned_mass(grpo_adv, s), misassigned_evisd=misassigned_mass(token_adv, s))
+            misassigned_grpo=misassigned_mass(grpo_adv, s),
+            misassigned_evisd=misassigned_mass(token_adv, s))
     return {"rows": rows, "parts": parts}
 
 
@@ -146,7 +152,8 @@ VARIANT_OVERRIDES = [
     {"USE_ANSWER_PRIVILEGE": False}, {"USE_SEARCH_EVIDENCE": False},
     {"BOUNDED": False},
 ]
-VARIANTS = {(", ".join(f"{k}={v}" for k, v in o.items()) or "as configured"): o for o in VARIANT_OVERRIDES}
+VARIANTS = {(", ".join(f"{k}={v}" for k, v in o.items()) or "as configured"): o
+            for o in VARIANT_OVERRIDES}
 
 
 def report(lm, tokenizer, cfg, sets, seed=0, progress=None, variants=None):
@@ -157,7 +164,8 @@ def report(lm, tokenizer, cfg, sets, seed=0, progress=None, variants=None):
     dict per variant, all scored on the same sampled batches."""
     lm.eval()
     # The card grades EviSD's teacher, whichever method the run trained with.
-    configs = {name: dict(cfg, METHOD="evisd", **overrides) for name, overrides in (variants or {"": {}}).items()}
+    configs = {name: dict(cfg, METHOD="evisd", **overrides)
+               for name, overrides in (variants or {"": {}}).items()}
     records = {name: [] for name in configs}
     token_advs = {name: [] for name in configs}
     labels_all, all_adv, n_episodes, width = [], [], 0, 0
@@ -165,7 +173,8 @@ def report(lm, tokenizer, cfg, sets, seed=0, progress=None, variants=None):
         for c in range(0, len(questions), cfg["QUESTIONS_PER_STEP"]):
             chunk = questions[c:c + cfg["QUESTIONS_PER_STEP"]]
             torch.manual_seed(seed * 1_000_003 + n_episodes)
-            envs = search_env.episodes(world, chunk, cfg["GROUP_SIZE"], cfg["MAX_TURNS"], cfg["TOP_K"])
+            envs = search_env.episodes(world, chunk, cfg["GROUP_SIZE"], cfg["MAX_TURNS"],
+                                       cfg["TOP_K"])
             r = model.rollout(lm, tokenizer, envs, cfg["MAX_NEW_TOKENS"], cfg["TEMPERATURE"])
             labels = episode_labels(r, world, cfg["TOP_K"])
             # What one training step computes: A, the student's log-probs, and per variant the
@@ -192,7 +201,8 @@ def report(lm, tokenizer, cfg, sets, seed=0, progress=None, variants=None):
     adv = torch.cat(all_adv)
     cards = {}
     for name in configs:
-        token_adv = torch.cat([torch.nn.functional.pad(t, (0, width - t.shape[1])) for t in token_advs[name]])
+        token_adv = torch.cat([torch.nn.functional.pad(t, (0, width - t.shape[1]))
+                               for t in token_advs[name]])
         cards[name] = summarise(records[name], adv, token_adv)
         cards[name].update(episodes=n_episodes, scored_episodes=int((adv != 0).sum()),
                            shares=toy_world.label_shares(labels_all))
@@ -205,21 +215,25 @@ def variants_table(cards):
     cells = ("all", "search_tag", "search_content", "answer_tag", "answer_content")
     fmt = lambda v: "–" if v is None else f"{v:.3f}"
     first = next(iter(cards.values()))["parts"]
-    lines = ["| variant | " + " | ".join(f"AUC {c}" for c in cells) + " | misassigned all | search content | answer tag |",
+    lines = ["| variant | " + " | ".join(f"AUC {c}" for c in cells)
+             + " | misassigned all | search content | answer tag |",
              "|---|" + "---|" * (len(cells) + 3),
              "| GRPO (Â = A) | " + " | ".join("–" for _ in cells) + " | "
-             + " | ".join(fmt(first[c]["misassigned_grpo"]) for c in ("all", "search_content", "answer_tag")) + " |"]
+             + " | ".join(fmt(first[c]["misassigned_grpo"])
+                          for c in ("all", "search_content", "answer_tag")) + " |"]
     for name, card in cards.items():
         p = card["parts"]
         lines.append(f"| {name} | " + " | ".join(fmt(p[c]["auc"]) for c in cells) + " | "
-                     + " | ".join(fmt(p[c]["misassigned_evisd"]) for c in ("all", "search_content", "answer_tag")) + " |")
+                     + " | ".join(fmt(p[c]["misassigned_evisd"])
+                                  for c in ("all", "search_content", "answer_tag")) + " |")
     return "\n".join(lines)
 
 
 def format_report(card):
     """The report card as Markdown: one table of rows, one of AUCs and misassigned masses."""
-    lines = [f"{card['episodes']} episodes, {card['scored_episodes']} with A != 0 (scored)", "",
-             "| kind | part | label | A | actions | mean gap | mean w |", "|---|---|---|---|---|---|---|"]
+    lines = [f"{card['episodes']} episodes, {card['scored_episodes']} with A != 0 (scored)",
+             "", "| kind | part | label | A | actions | mean gap | mean w |",
+             "|---|---|---|---|---|---|---|"]
     for r in card["rows"]:
         lines.append(f"| {r['kind']} | {r['part']} | {r['label']} | {r['sign']} | {r['count']} | "
                      f"{r['gap']:+.3f} | {r['w']:.3f} |")
@@ -253,15 +267,18 @@ def show_episodes(lm, tok, cfg, world, qs, html_path, k):
         lp_s = model.token_logprobs(lm, r.input_ids, r.attention_mask, r.gen_mask,
                                     temperature=cfg["TEMPERATURE"])
     # The teacher's gap, whichever method the run trained with.
-    token_adv, lp_t = evisd.corrected_advantages(lm, tok, world, r, adv, lp_s, train.evisd_settings(cfg))
-    groups = sorted(range(0, len(qs) * 4, 4), key=lambda i: not adv[i:i + 4].any())[:k]   # stable
+    token_adv, lp_t = evisd.corrected_advantages(lm, tok, world, r, adv, lp_s,
+                                                 train.evisd_settings(cfg))
+    # stable
+    groups = sorted(range(0, len(qs) * 4, 4), key=lambda i: not adv[i:i + 4].any())[:k]
     tty = sys.stdout.isatty()
     pages = []
     for i in groups:
         for j in (i, i + 1):   # two samples of each question
             n = int(r.attention_mask[j].sum())
             p = int(r.prompt_len[j])
-            head = f"Q: {r.questions[j].question}  gold={r.questions[j].answers[0]}  reward={r.rewards[j]:.0f}  A={adv[j]:+.2f}"
+            head = (f"Q: {r.questions[j].question}  gold={r.questions[j].answers[0]}  "
+                    f"reward={r.rewards[j]:.0f}  A={adv[j]:+.2f}")
             print("\n" + printable(head))
             text, page = [], [f"<p><b>{html.escape(head)}</b><br>"]
             for t in range(p, n):
@@ -272,32 +289,39 @@ def show_episodes(lm, tok, cfg, world, qs, html_path, k):
                 elif r.action_kind[j, t]:
                     g = (lp_t[j, t] - lp_s[j, t]).item()
                     colour = "32" if g > 0 else "31"
-                    text.append(f"\x1b[{colour}m{piece}\x1b[0m[{g:+.1f}]" if tty else f"{piece}[{g:+.1f}]")
+                    text.append(f"\x1b[{colour}m{piece}\x1b[0m[{g:+.1f}]" if tty
+                                else f"{piece}[{g:+.1f}]")
                     alpha = min(abs(g) / 2, 1)
                     rgb = "0,160,0" if g > 0 else "200,0,0"
-                    page.append(f"<span title='gap {g:+.2f}, Â/A {token_adv[j, t] / adv[j] if adv[j] else 1:.2f}' "
-                                f"style='background:rgba({rgb},{alpha:.2f})'>{html.escape(piece)}</span>")
+                    page.append(f"<span title='gap {g:+.2f}, "
+                                f"Â/A {token_adv[j, t] / adv[j] if adv[j] else 1:.2f}' "
+                                f"style='background:rgba({rgb},{alpha:.2f})'>"
+                                f"{html.escape(piece)}</span>")
                 else:
                     text.append(piece)
                     page.append(html.escape(piece))
             print(printable("".join(text)))
             pages.append("".join(page) + "</p>")
     with open(html_path, "w", encoding="utf-8", errors="backslashreplace") as f:
-        f.write("<html><meta charset='utf-8'><body style='font-family:monospace;white-space:pre-wrap'>"
-                "<h3>Teacher-student gap per action token (green: teacher more likely; hover for values)</h3>"
+        f.write("<html><meta charset='utf-8'>"
+                "<body style='font-family:monospace;white-space:pre-wrap'>"
+                "<h3>Teacher-student gap per action token (green: teacher more likely; "
+                "hover for values)</h3>"
                 + "\n".join(pages) + "</body></html>")
     print(f"\nwrote {html_path}")
 
 
-# ----------------------------------------------------------------------------- evaluate.py --credit, --show
+# --------------------------------------------------------------------- evaluate.py --credit, --show
 def question_sets(cfg, n_questions, validation=False):
     """Held-out (or validation) `test` questions for the report card: a fixed sample, world by
     world; real data: a fixed sample of its dev (or validation) split."""
     if cfg["DATA"] != "toy":
-        return [runs.lab("real_data", f"DATA={cfg['DATA']!r}").questions(cfg, n_questions, validation)]
+        return [runs.lab("real_data", f"DATA={cfg['DATA']!r}")
+                .questions(cfg, n_questions, validation)]
     sets, k = [], 0
     while n_questions > 0:
-        world, qs = evaluate.heldout_questions(cfg, "test", n_questions, world_index=k, validation=validation)
+        world, qs = evaluate.heldout_questions(cfg, "test", n_questions, world_index=k,
+                                               validation=validation)
         sets.append((world, qs))
         n_questions -= len(qs)
         k += 1
@@ -309,8 +333,10 @@ def main(args):
     the report card of each run (printed, and written as JSON), or K groups of episodes."""
     if args.show:
         lm, tok, cfg, _ = runs.load_run(args.runs[0])
-        world, qs = question_sets(cfg, 4 * args.show)[0]   # the groups with A != 0 are shown first
-        show_episodes(lm, tok, cfg, world, qs, os.path.join(args.runs[0], "episodes.html"), args.show)
+        # the groups with A != 0 are shown first
+        world, qs = question_sets(cfg, 4 * args.show)[0]
+        show_episodes(lm, tok, cfg, world, qs, os.path.join(args.runs[0], "episodes.html"),
+                      args.show)
         return
     cards = {}
     for run in args.runs:

@@ -2,8 +2,8 @@
 
 Both methods end with the habits gone, so final EM cannot see what EviSD's sharper credit should
 buy: *how fast* a habit goes. Every training step logs the oracle's label shares of its batch
-(toy_world.label_shares, logged beside every step by train.py), so speed costs nothing. For each habit (partial-name searches,
-premature answers):
+(toy_world.label_shares, logged beside every step by train.py), so speed costs nothing. For each
+habit (partial-name searches, premature answers):
 
     clear step  the first step whose running share (the mean of the last WINDOW steps' shares)
                 is below CLEAR_BELOW; RL_STEPS if it never is (censored);
@@ -54,7 +54,8 @@ def speed(metrics, rl_steps):
     train = sorted((m for m in metrics if not m.get("eval")), key=lambda m: m["step"])
     out = {}
     for key, name in HABITS.items():
-        pts = [(m["step"], m[key]) for m in train if m.get(key) is not None]   # None: no search that step
+        # None: no search that step
+        pts = [(m["step"], m[key]) for m in train if m.get(key) is not None]
         steps, shares = [p[0] for p in pts], [p[1] for p in pts]
         out[f"{name}_clear"] = clear_step(steps, shares, rl_steps) if pts else None
         out[f"{name}_area"] = sum(shares) / len(shares) if pts else None
@@ -83,11 +84,13 @@ def plot_curves(rows, metrics, path):
     by_group = {g: {p[0]: [] for p in panels} for g in groups}
     for r in rows:
         i = seeds.index(r["seed"])
-        colour = plt.cm.tab20((2 * i + 2 * i // 20) % 20)   # the 10 dark hues first, then the light ones
+        # the 10 dark hues first, then the light ones
+        colour = plt.cm.tab20((2 * i + 2 * i // 20) % 20)
         style = styles[groups.index(r["group"]) % len(styles)]
         for ax, (key, title) in zip(axes[0], panels):
             evals = key.startswith("eval")
-            pts = [(m["step"], m[key]) for m in metrics[r["run"]] if bool(m.get("eval")) == evals and m.get(key) is not None]
+            pts = [(m["step"], m[key]) for m in metrics[r["run"]]
+                   if bool(m.get("eval")) == evals and m.get(key) is not None]
             if not pts:
                 continue
             xs, ys = zip(*sorted(pts))

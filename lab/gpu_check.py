@@ -4,7 +4,7 @@ comes.
 
     python lab/gpu_check.py out/gpu-check                    # on a CUDA machine, all parts
     python lab/gpu_check.py out/gpu-check --parts memory,train   # rerun only what broke
-    python lab/gpu_check.py out/gpu-check --dry              # CPU, tiny sizes (lab/tests/test_gpu_check.py)
+    python lab/gpu_check.py out/gpu-check --dry  # CPU, tiny sizes (lab/tests/test_gpu_check.py)
 
 Parts, in order; each runs in its own process under a time box, and a part that fails or runs
 out of time is recorded with the end of its output while the next one still runs:
@@ -78,8 +78,10 @@ class Check:
         timeout = left if timeout is None else min(timeout, left)
         self.log.write(f"\n$ {' '.join(args)}   (time box {timeout:.0f} s)\n")
         self.log.flush()
-        proc = subprocess.Popen(args, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                                env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}, start_new_session=True)
+        proc = subprocess.Popen(args, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                text=True,
+                                env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})},
+                                start_new_session=True)
         try:
             output, _ = proc.communicate(timeout=max(timeout, 1))
             rc = proc.returncode
@@ -123,7 +125,8 @@ def run_parts(check, parts, functions):
         started = time.monotonic()
         left = check.deadline - started
         if left < 10:
-            check.results[name] = {"status": "skipped", "error": "the check's --budget was spent", "seconds": 0}
+            check.results[name] = {"status": "skipped", "error": "the check's --budget was spent",
+                                   "seconds": 0}
             write_report(check)
             continue
         # The dry mode checks that the script runs, on a CPU that may be busy: boxes 4 times wider.
@@ -150,31 +153,40 @@ print(json.dumps({"python": platform.python_version(), "torch": torch.__version_
                   "cuda": torch.version.cuda, "transformers": transformers.__version__,
                   "tokenizers": tokenizers.__version__,
                   "device": torch.cuda.get_device_name(0) if cuda else "cpu",
-                  "capability": ".".join(map(str, torch.cuda.get_device_capability(0))) if cuda else None,
-                  "memory_gib": round(torch.cuda.get_device_properties(0).total_memory / 2**30, 1) if cuda else None,
+                  "capability": (".".join(map(str, torch.cuda.get_device_capability(0)))
+                                 if cuda else None),
+                  "memory_gib": (round(torch.cuda.get_device_properties(0).total_memory / 2**30, 1)
+                                 if cuda else None),
                   "bf16": torch.cuda.is_bf16_supported() if cuda else None}))
 """)
     expect(rc, output, "versions")
     figures = json.loads(output.strip().splitlines()[-1])
     figures["date"] = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     if not check.dry:
-        rc, smi = check.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"], timeout=20) \
-            if shutil.which("nvidia-smi") else (1, "")
+        rc, smi = (check.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+                             timeout=20)
+                   if shutil.which("nvidia-smi") else (1, ""))
         figures["driver"] = smi.strip() if rc == 0 else None
         if figures["device"] == "cpu":
-            raise PartFailed("torch sees no CUDA device: run with --dry on a machine without one", figures)
+            raise PartFailed("torch sees no CUDA device: run with --dry on a machine without one",
+                             figures)
     return figures
 
 
 def part_tests(check):
     # The dry mode runs one small file: the whole suite would run this very check again.
-    targets = ["tests/test_grpo.py"] if check.dry else ["tests", "lab/tests", "--ignore=lab/tests/test_gpu_check.py"]
+    targets = (["tests/test_grpo.py"] if check.dry
+               else ["tests", "lab/tests", "--ignore=lab/tests/test_gpu_check.py"])
     rc, output = check.python("-m", "pytest", "-q", "-p", "no:cacheprovider", *targets,
                               env={"DEVICE": check.device})
-    counts = {k: int(n) for n, k in re.findall(r"(\d+) (passed|failed|errors?|skipped)", tail(output, 3))}
-    figures = {"device": check.device, "passed": counts.get("passed", 0), "failed": counts.get("failed", 0),
-               "errors": counts.get("error", 0) + counts.get("errors", 0), "skipped": counts.get("skipped", 0),
-               "not_passed": [l.split(" - ")[0] for l in output.splitlines() if l.startswith(("FAILED ", "ERROR "))]}
+    counts = {k: int(n) for n, k in re.findall(r"(\d+) (passed|failed|errors?|skipped)",
+                                               tail(output, 3))}
+    figures = {"device": check.device, "passed": counts.get("passed", 0),
+               "failed": counts.get("failed", 0),
+               "errors": counts.get("error", 0) + counts.get("errors", 0),
+               "skipped": counts.get("skipped", 0),
+               "not_passed": [l.split(" - ")[0] for l in output.splitlines()
+                              if l.startswith(("FAILED ", "ERROR "))]}
     expect(rc, output, "pytest", figures)
     return figures
 
@@ -185,14 +197,16 @@ def part_memory(check):
     for shape, checkpointing in probes:
         name = f"{shape}, {'with' if checkpointing else 'without'} checkpointing"
         path = os.path.join(check.work, f"memory-{shape}-{int(checkpointing)}.json")
-        rc, output = check.python("lab/gpu_memory.py", shape, "--checkpointing", str(int(checkpointing)),
-                                  "--json", path,
-                                  *(["--dry"] if check.dry else []), timeout=300 if check.dry else 75)
+        rc, output = check.python("lab/gpu_memory.py", shape, "--checkpointing",
+                                  str(int(checkpointing)), "--json", path,
+                                  *(["--dry"] if check.dry else []),
+                                  timeout=300 if check.dry else 75)
         if rc == 0 and os.path.exists(path):
             figures[name] = json.load(open(path))
         else:
             oom = "OutOfMemoryError" in output or "out of memory" in output
-            figures[name] = {"error": "out of memory" if oom else f"exit code {rc}", "tail": tail(output, 3)}
+            figures[name] = {"error": "out of memory" if oom else f"exit code {rc}",
+                             "tail": tail(output, 3)}
             if not oom:      # running out of memory is a measurement; anything else is a failure
                 failures.append(f"{name}: {tail(output)}")
     if failures:
@@ -218,7 +232,8 @@ def train_figures(out, sft, args):
     import torch
     import runs
     figures = {}
-    warmups = [d for d in os.listdir(os.path.dirname(sft)) if d.startswith(os.path.basename(sft) + "-")]
+    warmups = [d for d in os.listdir(os.path.dirname(sft))
+               if d.startswith(os.path.basename(sft) + "-")]
     for d in warmups:
         state = torch.load(os.path.join(os.path.dirname(sft), d, "state.pt"), weights_only=False)
         figures["warmup_s"] = round(state["seconds"], 1)
@@ -226,17 +241,22 @@ def train_figures(out, sft, args):
     rows = runs.read_metrics(out)     # [] before the first row
     steps = [r for r in rows if not r.get("eval")]
     if steps:
-        step_s = statistics.median(r["step_s"] for r in steps[1:] or steps)   # the first step warms CUDA up
-        figures.update(rl_steps=len(steps), rl_step_s=round(step_s, 3), rl_steps_per_s=round(1 / step_s, 3),
+        # the first step warms CUDA up
+        step_s = statistics.median(r["step_s"] for r in steps[1:] or steps)
+        figures.update(rl_steps=len(steps), rl_step_s=round(step_s, 3),
+                       rl_steps_per_s=round(1 / step_s, 3),
                        rollout_s=round(statistics.median(r["rollout_s"] for r in steps), 3),
                        teacher_s=round(statistics.median(r["teacher_s"] for r in steps), 3))
     evals = [r for r in rows if r.get("eval")]
     if evals:
-        figures["heldout_first"] = {k[5:]: v for k, v in evals[0].items() if k.startswith("eval_")} | {"step": evals[0]["step"]}
-        figures["heldout_last"] = {k[5:]: v for k, v in evals[-1].items() if k.startswith("eval_")} | {"step": evals[-1]["step"]}
+        figures["heldout_first"] = {k[5:]: v for k, v in evals[0].items()
+                                    if k.startswith("eval_")} | {"step": evals[0]["step"]}
+        figures["heldout_last"] = {k[5:]: v for k, v in evals[-1].items()
+                                   if k.startswith("eval_")} | {"step": evals[-1]["step"]}
     if "warmup_s" in figures and steps:
         figures["projected_full_preset_min"] = round(
-            (figures["warmup_s"] / figures["warmup_steps"] * FULL_SFT_STEPS + figures["rl_step_s"] * FULL_RL_STEPS) / 60, 1)
+            (figures["warmup_s"] / figures["warmup_steps"] * FULL_SFT_STEPS
+             + figures["rl_step_s"] * FULL_RL_STEPS) / 60, 1)
     return figures
 
 
@@ -247,22 +267,25 @@ def part_bench(check):
     rc, output = check.python("lab/bench.py", "--device", check.device, "--json", path, *extra)
     expect(rc, output, "bench.py")
     result = json.load(open(path))
-    keep = ("params", "episodes", "gen_tokens", "rollout_tok_s", "generate_tok_s", "rollout_s", "teacher_s",
-            "grpo_step_s", "evisd_step_s", "peak")
+    keep = ("params", "episodes", "gen_tokens", "rollout_tok_s", "generate_tok_s", "rollout_s",
+            "teacher_s", "grpo_step_s", "evisd_step_s", "peak")
     return {"evisd_step_over_grpo_step": round(result["evisd_step_over_grpo_step"], 3),
             "rollout_over_generate": round(result["rollout_over_generate"], 3),
-            **{row["config"]: {k: round(row[k], 3) if isinstance(row[k], float) else row[k] for k in keep}
+            **{row["config"]: {k: round(row[k], 3) if isinstance(row[k], float) else row[k]
+                               for k in keep}
                for row in result["rows"]}}
 
 
 def part_torchrun(check):
     out = os.path.join(check.work, "ddp")
     args = DRY_TRAIN if check.dry else ["--SFT_STEPS=20", "--QUESTIONS_PER_STEP=4"]
-    rc, output = check.python("-m", "torch.distributed.run", "--standalone", "--nproc_per_node=1", "train.py",
-                              *args, "--RL_STEPS=2", "--EVAL_EVERY=0", f"--DEVICE={check.device}",
-                              f"--OUT_DIR={out}", f"--SFT_DIR={os.path.join(check.work, 'ddp-warmup')}", "--overwrite")
+    rc, output = check.python("-m", "torch.distributed.run", "--standalone", "--nproc_per_node=1",
+                              "train.py", *args, "--RL_STEPS=2", "--EVAL_EVERY=0",
+                              f"--DEVICE={check.device}", f"--OUT_DIR={out}",
+                              f"--SFT_DIR={os.path.join(check.work, 'ddp-warmup')}", "--overwrite")
     backend = re.search(r"DDP: (\d+) processes, backend (\w+)", output)
-    figures = {"processes": int(backend.group(1)) if backend else None, "backend": backend.group(2) if backend else None}
+    figures = {"processes": int(backend.group(1)) if backend else None,
+               "backend": backend.group(2) if backend else None}
     expect(rc, output, "torchrun train.py", figures)
     import runs
     figures["rows"] = len(runs.read_metrics(out))
@@ -272,8 +295,8 @@ def part_torchrun(check):
     return figures
 
 
-FUNCTIONS = {"versions": part_versions, "memory": part_memory, "train": part_train, "bench": part_bench,
-             "torchrun": part_torchrun, "tests": part_tests}
+FUNCTIONS = {"versions": part_versions, "memory": part_memory, "train": part_train,
+             "bench": part_bench, "torchrun": part_torchrun, "tests": part_tests}
 
 
 # ----------------------------------------------------------------------------- the report
@@ -298,8 +321,10 @@ def write_report(check):
             lines += ["```", r["error"], "```", ""]
         if r.get("figures"):
             lines += ["| figure | value |", "|---|---|"]
-            lines += [f"| {k} | {json.dumps(v) if not isinstance(v, str) else v} |" for k, v in flat(r["figures"])]
-    for path, text in (("gpu-check.json", json.dumps(report, indent=1)), ("gpu-check.md", "\n".join(lines) + "\n")):
+            lines += [f"| {k} | {json.dumps(v) if not isinstance(v, str) else v} |"
+                      for k, v in flat(r["figures"])]
+    for path, text in (("gpu-check.json", json.dumps(report, indent=1)),
+                       ("gpu-check.md", "\n".join(lines) + "\n")):
         full = os.path.join(check.out, path)
         with open(full + ".tmp", "w") as f:
             f.write(text)
@@ -307,12 +332,17 @@ def write_report(check):
 
 
 def main(argv):
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--dry", action="store_true", help="CPU and tiny sizes: check the script itself")
-    ap.add_argument("--parts", default=",".join(PARTS), help=f"comma-separated, from {','.join(PARTS)}")
+    ap = argparse.ArgumentParser(description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--dry", action="store_true",
+                    help="CPU and tiny sizes: check the script itself")
+    ap.add_argument("--parts", default=",".join(PARTS),
+                    help=f"comma-separated, from {','.join(PARTS)}")
     ap.add_argument("--budget", type=float, default=None,
-                    help="seconds for the whole check, parts after it are skipped (default 540; dry mode 2160)")
-    ap.add_argument("--work", default=None, help="scratch directory for runs (default: a temporary one)")
+                    help="seconds for the whole check, parts after it are skipped "
+                    "(default 540; dry mode 2160)")
+    ap.add_argument("--work", default=None,
+                    help="scratch directory for runs (default: a temporary one)")
     ap.add_argument("out", help="directory for gpu-check.json, gpu-check.md and gpu-check.log")
     args = ap.parse_args(argv)
     parts = args.parts.split(",")
@@ -326,10 +356,12 @@ def main(argv):
     check = Check(os.path.abspath(args.out), os.path.abspath(work), args.dry, budget)
     previous = os.path.join(check.out, "gpu-check.json")
     if os.path.exists(previous):     # a rerun of some parts keeps the others' results
-        check.results = {k: v for k, v in json.load(open(previous))["parts"].items() if k not in parts}
+        check.results = {k: v for k, v in json.load(open(previous))["parts"].items()
+                         if k not in parts}
     run_parts(check, parts, FUNCTIONS)
     bad = [name for name in parts if check.results[name]["status"] != "ok"]
-    print(f"results: {os.path.join(check.out, 'gpu-check.md')}" + (f"; not ok: {', '.join(bad)}" if bad else ""))
+    print(f"results: {os.path.join(check.out, 'gpu-check.md')}"
+          + (f"; not ok: {', '.join(bad)}" if bad else ""))
     return 1 if bad else 0
 
 

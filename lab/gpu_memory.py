@@ -23,24 +23,26 @@ import torch  # noqa: E402
 from transformers import Qwen2Config, Qwen2ForCausalLM  # noqa: E402
 
 import evisd  # noqa: E402
-import model as M  # noqa: E402
+import model  # noqa: E402
 import runs  # noqa: E402
-import toy_world as tw  # noqa: E402
+import toy_world  # noqa: E402
 import train  # noqa: E402
 
 # Qwen2.5's config.json values (Qwen2.5-0.5B-Instruct, Qwen2.5-1.5B-Instruct), so the memory part
 # builds the exact shapes at random with no download. ``tiny`` is the dry mode's stand-in.
 SHAPES = {
-    "qwen2.5-0.5b": dict(vocab_size=151936, hidden_size=896, intermediate_size=4864, num_hidden_layers=24,
-                         num_attention_heads=14, num_key_value_heads=2),
-    "qwen2.5-1.5b": dict(vocab_size=151936, hidden_size=1536, intermediate_size=8960, num_hidden_layers=28,
-                         num_attention_heads=12, num_key_value_heads=2),
+    "qwen2.5-0.5b": dict(vocab_size=151936, hidden_size=896, intermediate_size=4864,
+                         num_hidden_layers=24, num_attention_heads=14, num_key_value_heads=2),
+    "qwen2.5-1.5b": dict(vocab_size=151936, hidden_size=1536, intermediate_size=8960,
+                         num_hidden_layers=28, num_attention_heads=12, num_key_value_heads=2),
     "tiny": dict(vocab_size=1024, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
                  num_attention_heads=4, num_key_value_heads=2),
 }
-COMMON_SHAPE = dict(max_position_embeddings=32768, rope_theta=1e6, rms_norm_eps=1e-6, tie_word_embeddings=True)
-# The worst case of the memory table (docs/one-gpu.md): the Qwen preset's 8 questions x 5 samples, each a
-# ~120-token prompt, MAX_TURNS=4 turns of MAX_NEW_TOKENS=500 and 3 observations of ~150 tokens.
+COMMON_SHAPE = dict(max_position_embeddings=32768, rope_theta=1e6, rms_norm_eps=1e-6,
+                    tie_word_embeddings=True)
+# The worst case of the memory table (docs/one-gpu.md): the Qwen preset's 8 questions x 5 samples,
+# each a ~120-token prompt, MAX_TURNS=4 turns of MAX_NEW_TOKENS=500 and 3 observations of ~150
+# tokens.
 PROMPT_TOKENS, OBSERVATION_TOKENS = 120, 150
 # What docs/one-gpu.md estimated (GB), and the dry mode's batch.
 README_ESTIMATE_GB = {("qwen2.5-0.5b", True): 21, ("qwen2.5-1.5b", True): 51}
@@ -64,39 +66,43 @@ def worst_case_rollouts(cfg, tok, world, prompt_tokens, observation_tokens):
     transcripts, episodes = [], []
     for q in questions:
         for _ in range(cfg["GROUP_SIZE"]):
-            tr = M.Transcript(filler(prompt_tokens))
+            tr = model.Transcript(filler(prompt_tokens))
             for turn in range(cfg["MAX_TURNS"]):
                 kind = "answer" if turn == cfg["MAX_TURNS"] - 1 else "search"
                 action = tok.encode(f"</think><answer> {q.answers[0]} </answer>" if kind == "answer"
-                                    else f"</think><search> {q.question} </search>", add_special_tokens=False)
+                                    else f"</think><search> {q.question} </search>",
+                                    add_special_tokens=False)
                 ids = think + filler(cfg["MAX_NEW_TOKENS"] - len(think) - len(action)) + action
-                tr.add_turn(ids, kind, turn, M.action_start(tok, ids, tok.decode(ids), kind))
+                tr.add_turn(ids, kind, turn, model.action_start(tok, ids, tok.decode(ids), kind))
                 if kind == "search":
                     tr.add_observation(filler(observation_tokens))
             transcripts.append(tr)
             episodes.append(q)
     n = len(transcripts)
-    return M.Rollouts(**M.collate(transcripts, tok.pad_token_id), rewards=torch.tensor([float(i % 2) for i in range(n)]),
-                      answers=[q.answers[0] for q in episodes], turns=torch.full((n,), cfg["MAX_TURNS"]),
-                      questions=episodes)
+    return model.Rollouts(**model.collate(transcripts, tok.pad_token_id),
+                          rewards=torch.tensor([float(i % 2) for i in range(n)]),
+                          answers=[q.answers[0] for q in episodes],
+                          turns=torch.full((n,), cfg["MAX_TURNS"]), questions=episodes)
 
 
 def probe_memory(shape, checkpointing, dry, path):
     """Two RL updates (EviSD, the Qwen preset) of a random model of ``shape`` on the worst-case
     batch: peak memory, memory held between steps, seconds per update; written to ``path``."""
     preset = os.path.join(ROOT, "config", "qwen2.5-0.5b-instruct.py")
-    cfg, _, _ = train.configure([preset, f"--DEVICE={'cpu' if dry else 'cuda'}"] + (DRY_ROLLOUT if dry else []))
+    cfg, _, _ = train.configure([preset, f"--DEVICE={'cpu' if dry else 'cuda'}"]
+                                + (DRY_ROLLOUT if dry else []))
     device, dtype = runs.pick_device(cfg)
     prompt_tokens, observation_tokens = (20, 20) if dry else (PROMPT_TOKENS, OBSERVATION_TOKENS)
-    tok = M.build_tokenizer(M.tokenizer_texts(seeds=(0,)))
-    world = tw.make_world(0)
+    tok = model.build_tokenizer(model.tokenizer_texts(seeds=(0,)))
+    world = toy_world.make_world(0)
     batch = worst_case_rollouts(cfg, tok, world, prompt_tokens, observation_tokens)
-    config = Qwen2Config(**SHAPES[shape], **COMMON_SHAPE, pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id)
+    config = Qwen2Config(**SHAPES[shape], **COMMON_SHAPE, pad_token_id=tok.pad_token_id,
+                         eos_token_id=tok.eos_token_id)
     torch.manual_seed(0)
     with torch.device(device):
         lm = Qwen2ForCausalLM(config)        # float32 weights, as train.py holds the policy
     if checkpointing:
-        M.enable_checkpointing(lm)
+        model.enable_checkpointing(lm)
     ref = copy.deepcopy(lm).to(dtype).eval().requires_grad_(False)
     opt = torch.optim.AdamW(lm.parameters(), lr=cfg["LR"], weight_decay=0.0)
     cuda = device.type == "cuda"
@@ -104,7 +110,8 @@ def probe_memory(shape, checkpointing, dry, path):
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()
     seconds = []
-    # train.rl_step itself, its world and rollout replaced by the worst-case batch (as lab/bench.py does).
+    # train.rl_step itself, its world and rollout replaced by the worst-case batch (as lab/bench.py
+    # does).
     with mock.patch.object(train, "step_world", lambda cfg, step: world), \
             mock.patch.object(train.model, "rollout", lambda *args, **kwargs: batch):
         for _ in range(2):
@@ -113,16 +120,19 @@ def probe_memory(shape, checkpointing, dry, path):
             if cuda:
                 torch.cuda.synchronize()
             seconds.append(round(time.perf_counter() - t0, 2))
-    metrics.update(evisd.gap_stats(record["adv"], record["gap"], record["token_adv"], batch.gen_mask.to(device),
-                                   batch.action_kind.to(device)))
+    metrics.update(evisd.gap_stats(record["adv"], record["gap"], record["token_adv"],
+                                   batch.gen_mask.to(device), batch.action_kind.to(device)))
     params = sum(p.numel() for p in lm.parameters())
-    hidden, layers, mlp = SHAPES[shape]["hidden_size"], SHAPES[shape]["num_hidden_layers"], SHAPES[shape]["intermediate_size"]
+    hidden, layers, mlp = (SHAPES[shape]["hidden_size"], SHAPES[shape]["num_hidden_layers"],
+                           SHAPES[shape]["intermediate_size"])
     tokens = int(batch.attention_mask.numel())
-    # The estimate's formula (docs/one-gpu.md): 20 bytes per parameter, and with checkpointing each layer's bf16 input,
-    # one layer's recompute and one 2^27-logit chunk of the head.
-    estimate = 20 * params + (tokens * (2 * hidden * layers + 2 * (7 * hidden + 4 * mlp)) + 4 * 2**27
-                              if checkpointing else 0)
-    result = {"params": params, "episodes": batch.input_ids.shape[0], "tokens_per_episode": batch.input_ids.shape[1],
+    # The estimate's formula (docs/one-gpu.md): 20 bytes per parameter, and with checkpointing each
+    # layer's bf16 input, one layer's recompute and one 2^27-logit chunk of the head.
+    estimate = 20 * params + (
+        tokens * (2 * hidden * layers + 2 * (7 * hidden + 4 * mlp)) + 4 * 2**27
+        if checkpointing else 0)
+    result = {"params": params, "episodes": batch.input_ids.shape[0],
+              "tokens_per_episode": batch.input_ids.shape[1],
               "update_s": seconds, "modulated_frac": round(metrics.get("modulated_frac", 0.0), 3),
               "finite_loss": bool(metrics.get("nonfinite_loss", 0) == 0),
               "readme_formula_gb": round(estimate / 1e9, 1) if checkpointing else None,
@@ -137,7 +147,8 @@ def probe_memory(shape, checkpointing, dry, path):
 
 
 def main(argv):
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("shape", choices=sorted(SHAPES))
     ap.add_argument("--checkpointing", type=int, default=1, help="1: GRADIENT_CHECKPOINTING on")
     ap.add_argument("--dry", action="store_true", help="CPU and a tiny batch")

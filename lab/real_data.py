@@ -30,10 +30,10 @@ import search_env
 from search_env import Doc, exact_match, f1_score, normalize_answer, parse_action
 from toy_world import ActionLabel
 
-FORMATS = ("toy", "hotpotqa", "2wiki", "musique", "jsonl")
-EVIDENCE_RULES = ("auto", "supporting", "answer_passages", "answer_only")
-VALIDATION_QUESTIONS = 500   # the train file's first ones (at most a tenth): for choosing settings, never trained on
-OWN_CORPORA_KEPT = 4096      # per-question BM25 indexes kept at once (a HotpotQA train split has 90k)
+# the train file's first ones (at most a tenth): for choosing settings, never trained on
+VALIDATION_QUESTIONS = 500
+# per-question BM25 indexes kept at once (a HotpotQA train split has 90k)
+OWN_CORPORA_KEPT = 4096
 # The retrieval server: a request with no answer in SERVER_TIMEOUT_S, a refused connection or a
 # 5xx status is sent again after 2, 4, 8, 16 s; after the last attempt the run saves and stops.
 SERVER_TIMEOUT_S = 60.0
@@ -53,8 +53,10 @@ class RetrieverError(DataError, search_env.RetrieverError):
 @dataclass
 class RealQuestion(search_env.Question):
     support: list = field(default_factory=list)        # the data's supporting paragraphs (Docs)
-    context: list = field(default_factory=list)        # the question's own paragraphs (HotpotQA, 2Wiki, MuSiQue)
-    intermediates: list = field(default_factory=list)  # entities of the chain before its last hop, where the data tells
+    # the question's own paragraphs (HotpotQA, 2Wiki, MuSiQue)
+    context: list = field(default_factory=list)
+    # entities of the chain before its last hop, where the data tells
+    intermediates: list = field(default_factory=list)
 
 
 # ----------------------------------------------------------------------------- reading files
@@ -72,7 +74,8 @@ def _jsonl(path):
             try:
                 line = raw.decode("utf-8")
             except UnicodeDecodeError as e:
-                raise DataError(f"{path}:{n}: not UTF-8 (byte 0x{raw[e.start]:02x} at column {e.start + 1})") from None
+                raise DataError(f"{path}:{n}: not UTF-8 (byte 0x{raw[e.start]:02x} at column "
+                                f"{e.start + 1})") from None
             if not line.strip():
                 continue
             try:
@@ -92,9 +95,11 @@ def _json_list(path):
         rows = json.loads(raw.decode("utf-8"))
     except UnicodeDecodeError as e:
         line = raw.count(b"\n", 0, e.start) + 1
-        raise DataError(f"{path}:{line}: not UTF-8 (byte 0x{raw[e.start]:02x} at offset {e.start})") from None
+        raise DataError(f"{path}:{line}: not UTF-8 (byte 0x{raw[e.start]:02x} at offset "
+                        f"{e.start})") from None
     except json.JSONDecodeError as e:
-        raise DataError(f"{path}:{e.lineno}: not valid JSON ({e.msg} at column {e.colno})") from None
+        raise DataError(
+            f"{path}:{e.lineno}: not valid JSON ({e.msg} at column {e.colno})") from None
     if not isinstance(rows, list):
         raise DataError(f"{path}: expected a JSON list of questions, got a {type(rows).__name__}")
     return rows
@@ -108,17 +113,20 @@ def _field(row, name, where, kind=str):
         raise DataError(f"{where}: missing field {name!r}")
     value = row[name]
     if not isinstance(value, kind) or (isinstance(value, str) and not value.strip()):
-        raise DataError(f"{where}: field {name!r} must be a non-empty {getattr(kind, '__name__', 'string or number')}, "
+        raise DataError(f"{where}: field {name!r} must be a non-empty "
+                        f"{getattr(kind, '__name__', 'string or number')}, "
                         f"got {json.dumps(value)[:60]}")
     return value
 
 
 def _doc(row, where, error=DataError):
-    """A Doc from a corpus line or a server's hit: ``{"id", "contents"}`` or ``{"id", "title", "text"}``."""
+    """A Doc from a corpus line or a server's hit: ``{"id", "contents"}`` or
+    ``{"id", "title", "text"}``."""
     if not isinstance(row, dict) or "id" not in row:
         raise error(f"{where}: missing field 'id'")
     if isinstance(row.get("contents"), str):   # no line break: a passage without a title
-        title, _, text = row["contents"].partition("\n") if "\n" in row["contents"] else ("", "", row["contents"])
+        title, _, text = (row["contents"].partition("\n") if "\n" in row["contents"]
+                          else ("", "", row["contents"]))
         return Doc(str(row["id"]), title.strip().strip('"'), " ".join(text.split()))
     if isinstance(row.get("title"), str) and isinstance(row.get("text"), str):
         return Doc(str(row["id"]), row["title"], " ".join(row["text"].split()))
@@ -143,10 +151,12 @@ def read_hotpotqa(path, corpus=None):
         where += f" (_id {qid})"
         context = row.get("context")
         if not isinstance(context, list) or not context:
-            raise DataError(f"{where}: empty context" if context in ([], None) else f"{where}: context is not a list")
+            raise DataError(f"{where}: empty context" if context in ([], None)
+                            else f"{where}: context is not a list")
         docs = []
         for i, par in enumerate(context):
-            if not (isinstance(par, list) and len(par) == 2 and isinstance(par[0], str) and isinstance(par[1], list)):
+            if not (isinstance(par, list) and len(par) == 2 and isinstance(par[0], str)
+                    and isinstance(par[1], list)):
                 raise DataError(f"{where}: context[{i}] is not a [title, [sentences]] pair")
             # Sentences carry their own leading spaces; squeeze what is left.
             docs.append(Doc(f"{qid}:{i}", par[0], " ".join("".join(map(str, par[1])).split())))
@@ -154,12 +164,14 @@ def read_hotpotqa(path, corpus=None):
         for fact in _field(row, "supporting_facts", where, list):
             title = fact[0] if isinstance(fact, list) and fact else fact
             if title not in by_title:
-                raise DataError(f"{where}: supporting fact {title!r} names no paragraph of its context")
+                raise DataError(
+                    f"{where}: supporting fact {title!r} names no paragraph of its context")
             if by_title[title] not in support:
                 support.append(by_title[title])
         answer = _field(row, "answer", where)
-        questions.append(RealQuestion(qid, _field(row, "question", where), [answer], [d.id for d in support],
-                                      max(1, len(support)), support=support, context=docs,
+        questions.append(RealQuestion(qid, _field(row, "question", where), [answer],
+                                      [d.id for d in support], max(1, len(support)),
+                                      support=support, context=docs,
                                       intermediates=_intermediates(row, support, answer)))
     return questions
 
@@ -189,19 +201,23 @@ def read_musique(path, corpus=None):
             continue
         qid, pars = str(_field(row, "id", where, (str, int))), row.get("paragraphs")
         if not isinstance(pars, list) or not pars:
-            raise DataError(f"{where}: empty paragraphs" if pars in ([], None) else f"{where}: paragraphs is not a list")
+            raise DataError(f"{where}: empty paragraphs" if pars in ([], None)
+                            else f"{where}: paragraphs is not a list")
         docs, support = [], []
         for i, p in enumerate(pars):
-            if not (isinstance(p, dict) and isinstance(p.get("title"), str) and isinstance(p.get("paragraph_text"), str)):
+            if not (isinstance(p, dict) and isinstance(p.get("title"), str)
+                    and isinstance(p.get("paragraph_text"), str)):
                 raise DataError(f"{where}: paragraphs[{i}] needs a 'title' and a 'paragraph_text'")
             docs.append(Doc(f"{qid}:{i}", p["title"], " ".join(p["paragraph_text"].split())))
             if p.get("is_supporting"):
                 support.append(docs[-1])
         steps = [s for s in row.get("question_decomposition") or [] if isinstance(s, dict)]
         answers = [_field(row, "answer", where)] + [str(a) for a in row.get("answer_aliases") or []]
-        questions.append(RealQuestion(qid, _field(row, "question", where), answers, [d.id for d in support],
-                                      max(1, len(steps), len(support)), support=support, context=docs,
-                                      intermediates=[str(s["answer"]) for s in steps[:-1] if s.get("answer")]))
+        questions.append(RealQuestion(qid, _field(row, "question", where), answers,
+                                      [d.id for d in support], max(1, len(steps), len(support)),
+                                      support=support, context=docs,
+                                      intermediates=[str(s["answer"]) for s in steps[:-1]
+                                                     if s.get("answer")]))
     return questions
 
 
@@ -217,29 +233,36 @@ def read_jsonl_questions(path, corpus=None):
         if not isinstance(answers, list) or not answers:
             raise DataError(f"{where}: missing field 'golden_answers' (or 'answers')")
         support = []
-        for ref in row.get("supporting_facts", row.get("evidence", [])) if corpus is not None else []:
-            ref = str(ref[0] if isinstance(ref, list) and ref else ref)   # HotpotQA style: [title, sentence]
+        for ref in (row.get("supporting_facts", row.get("evidence", [])) if corpus is not None
+                    else []):
+            # HotpotQA style: [title, sentence]
+            ref = str(ref[0] if isinstance(ref, list) and ref else ref)
             doc = corpus.doc_by_id.get(ref) or corpus.doc_by_title.get(ref)
             if doc is None:
-                raise DataError(f"{where}: evidence {ref!r} is no document id or title of the corpus")
+                raise DataError(
+                    f"{where}: evidence {ref!r} is no document id or title of the corpus")
             if doc not in support:
                 support.append(doc)
-        questions.append(RealQuestion(str(row.get("id", f"q{n}")), question, [str(a) for a in answers],
-                                      [d.id for d in support], max(1, len(support)), support=support))
+        questions.append(RealQuestion(str(row.get("id", f"q{n}")), question,
+                                      [str(a) for a in answers], [d.id for d in support],
+                                      max(1, len(support)), support=support))
     return questions
 
 
-READERS = {"hotpotqa": read_hotpotqa, "2wiki": read_hotpotqa, "musique": read_musique, "jsonl": read_jsonl_questions}
+READERS = {"hotpotqa": read_hotpotqa, "2wiki": read_hotpotqa, "musique": read_musique,
+           "jsonl": read_jsonl_questions}
 
 
-# ----------------------------------------------------------------------------- Search-R1's retrieval server
+# --------------------------------------------------------------------- Search-R1's retrieval server
 class ServerRetriever:
     """Search-R1's retrieval server (search_r1/search/retrieval_server.py): ``POST /retrieve`` with
-    ``{"queries", "topk", "return_scores"}``, answered by ``{"result": [[{"document", "score"}]]}``."""
+    ``{"queries", "topk", "return_scores"}``, answered by
+    ``{"result": [[{"document", "score"}]]}``."""
     remote = True   # label_actions does not search through it a second time
 
     def __init__(self, url, timeout=None, attempts=None, backoff=None):
-        self.url, self.timeout, self.attempts = url, timeout or SERVER_TIMEOUT_S, attempts or SERVER_ATTEMPTS
+        self.url, self.timeout, self.attempts = (url, timeout or SERVER_TIMEOUT_S,
+                                                 attempts or SERVER_ATTEMPTS)
         self.backoff = SERVER_BACKOFF_S if backoff is None else backoff
 
     def search(self, query, k=3):
@@ -247,23 +270,30 @@ class ServerRetriever:
 
     def search_batch(self, queries, k=3):
         """Doc lists, one per query, from one request."""
-        payload = self._post(json.dumps({"queries": list(queries), "topk": k, "return_scores": True}).encode())
+        payload = self._post(json.dumps({"queries": list(queries), "topk": k,
+                                         "return_scores": True}).encode())
         try:
             answer = json.loads(payload)
         except ValueError:   # not JSON, or not UTF-8
-            raise RetrieverError(f"{self.url}: the answer is not JSON ({payload[:60]!r}); RETRIEVER_URL must "
-                                 "be the /retrieve address of Search-R1's retrieval server") from None
+            raise RetrieverError(f"{self.url}: the answer is not JSON ({payload[:60]!r}); "
+                                 "RETRIEVER_URL must be the /retrieve address of Search-R1's "
+                                 "retrieval server") from None
         result = answer.get("result") if isinstance(answer, dict) else None
-        if not (isinstance(result, list) and len(result) == len(queries) and all(isinstance(h, list) for h in result)):
-            raise RetrieverError(f"{self.url}: expected {{\"result\": [...]}} holding one list of hits for each of "
-                                 f"the {len(queries)} queries, got {json.dumps(answer)[:80]}")
-        return [[_doc(h.get("document", h) if isinstance(h, dict) else h, f"{self.url}: result[{i}][{j}]",
-                      RetrieverError) for j, h in enumerate(hits[:k])] for i, hits in enumerate(result)]
+        if not (isinstance(result, list) and len(result) == len(queries)
+                and all(isinstance(h, list) for h in result)):
+            raise RetrieverError(f"{self.url}: expected {{\"result\": [...]}} holding one list of "
+                                 f"hits for each of the {len(queries)} queries, got "
+                                 f"{json.dumps(answer)[:80]}")
+        return [[_doc(h.get("document", h) if isinstance(h, dict) else h,
+                      f"{self.url}: result[{i}][{j}]", RetrieverError)
+                 for j, h in enumerate(hits[:k])]
+                for i, hits in enumerate(result)]
 
     def _post(self, body):
         """The answer's bytes. Refused connections, timeouts and 5xx statuses are retried with
         exponential backoff; a 4xx status means a wrong address and stops at once."""
-        request = urllib.request.Request(self.url, data=body, headers={"Content-Type": "application/json"})
+        request = urllib.request.Request(self.url, data=body,
+                                         headers={"Content-Type": "application/json"})
         waited = 0.0
         for attempt in range(self.attempts):
             try:
@@ -271,16 +301,19 @@ class ServerRetriever:
                     return response.read()
             except urllib.error.HTTPError as e:
                 if e.code < 500:
-                    raise RetrieverError(f"{self.url}: HTTP {e.code} {e.reason}; RETRIEVER_URL must be the /retrieve "
-                                         "address of Search-R1's retrieval server (http://HOST:8000/retrieve)") from None
+                    raise RetrieverError(
+                        f"{self.url}: HTTP {e.code} {e.reason}; RETRIEVER_URL must be the "
+                        "/retrieve address of Search-R1's retrieval server "
+                        "(http://HOST:8000/retrieve)") from None
                 why = f"HTTP {e.code} {e.reason}"
-            except (OSError, http.client.HTTPException) as e:   # refused, unreachable, timed out, cut off
+            # refused, unreachable, timed out, cut off
+            except (OSError, http.client.HTTPException) as e:
                 why = str(getattr(e, "reason", None) or e) or type(e).__name__
             if attempt + 1 < self.attempts:
                 time.sleep(self.backoff * 2 ** attempt)
                 waited += self.backoff * 2 ** attempt
-        raise RetrieverError(f"{self.url}: {why} on all {self.attempts} attempts over {waited:.0f} s; "
-                             "is the retrieval server running?")
+        raise RetrieverError(f"{self.url}: {why} on all {self.attempts} attempts over "
+                             f"{waited:.0f} s; is the retrieval server running?")
 
 
 # ----------------------------------------------------------------------------- a split as a world
@@ -303,15 +336,18 @@ class RealWorld(search_env.World):
         return self._own[question.qid]
 
     def evidence_docs(self, question):
-        rule = self.rule if self.rule != "auto" else "supporting" if question.support else "answer_passages"
+        rule = (self.rule if self.rule != "auto"
+                else "supporting" if question.support else "answer_passages")
         if rule == "supporting":
             return question.support
         if rule == "answer_only":
             return []
         if question.qid not in self._passages:   # answer_passages: one search per question, kept;
-            answers = [f" {a} " for a in map(normalize_answer, question.answers) if a]   # as whole words
-            self._passages[question.qid] = [d for d in self.retriever(question).search(question.question, self.top_k)
-                                            if any(a in f" {normalize_answer(d.title + ' ' + d.text)} " for a in answers)]
+            # as whole words
+            answers = [f" {a} " for a in map(normalize_answer, question.answers) if a]
+            self._passages[question.qid] = [
+                d for d in self.retriever(question).search(question.question, self.top_k)
+                if any(a in f" {normalize_answer(d.title + ' ' + d.text)} " for a in answers)]
         return self._passages[question.qid]
 
     def oracle_labels(self, question, turns, top_k=3):
@@ -333,7 +369,8 @@ def dataset(cfg, split):
     name = "DATA_DEV" if split == "dev" else "DATA_TRAIN"
     path, url, corpus = cfg[name], cfg["RETRIEVER_URL"], cfg["CORPUS"]
     if not path:
-        raise DataError(f"DATA={cfg['DATA']!r}: the {split} split needs {name}, the path of its file")
+        raise DataError(
+            f"DATA={cfg['DATA']!r}: the {split} split needs {name}, the path of its file")
 
     def make():
         shared = (_once(("server", url), lambda: ServerRetriever(url)) if url
@@ -343,38 +380,44 @@ def dataset(cfg, split):
         held = min(VALIDATION_QUESTIONS, len(questions) // 10)
         part = {"train": questions[held:], "validation": questions[:held], "dev": questions}[split]
         if not part:
-            raise DataError(f"{path}: no {split} questions (validation is the train file's first tenth, at most 500)")
+            raise DataError(f"{path}: no {split} questions (validation is the train file's first "
+                            "tenth, at most 500)")
         return RealWorld([dataclasses.replace(q, split=split) for q in part], split, shared,
                          cfg["EVIDENCE"], cfg["TOP_K"])
-    return _once(("world", split, path, cfg["DATA"], url, corpus, cfg["EVIDENCE"], cfg["TOP_K"]), make)
+    return _once(("world", split, path, cfg["DATA"], url, corpus, cfg["EVIDENCE"], cfg["TOP_K"]),
+                 make)
 
 
 def check_config(cfg):
     """Stop before any work when the data settings cannot make a meaningful run (runs.Schema)."""
     data = cfg["DATA"]
-    if data not in FORMATS:
-        raise DataError(f"DATA={data!r}: allowed values are {', '.join(FORMATS)}")
-    if cfg["EVIDENCE"] not in EVIDENCE_RULES:
-        raise DataError(f"EVIDENCE={cfg['EVIDENCE']!r}: allowed values are {', '.join(EVIDENCE_RULES)}")
     if data == "toy":
         return
     if cfg["MODEL"] in model.SIZES:
-        raise DataError(f"DATA={data!r} needs a pretrained model: the embedded {cfg['MODEL']!r} model has only "
-                        "ever read the toy world; add config/qwen2.5-0.5b-instruct.py, or --MODEL=<HF name or directory>")
+        raise DataError(f"DATA={data!r} needs a pretrained model: the embedded "
+                        f"{cfg['MODEL']!r} model has only ever read the toy world; add "
+                        "config/qwen2.5-0.5b-instruct.py, or --MODEL=<HF name or directory>")
     if cfg["SFT_STEPS"]:
-        raise DataError(f"SFT_STEPS={cfg['SFT_STEPS']}: the warm-up imitates the toy world's demonstrator, which "
-                        f"DATA={data!r} has not; use --SFT_STEPS=0 (Search-R1 starts RL from the instruct model)")
+        raise DataError(f"SFT_STEPS={cfg['SFT_STEPS']}: the warm-up imitates the toy world's "
+                        f"demonstrator, which DATA={data!r} has not; use --SFT_STEPS=0 "
+                        "(Search-R1 starts RL from the instruct model)")
     if cfg["CORPUS"] and cfg["RETRIEVER_URL"]:
-        raise DataError("CORPUS and RETRIEVER_URL are both set: give one (searches go to one of them)")
+        raise DataError(
+            "CORPUS and RETRIEVER_URL are both set: give one (searches go to one of them)")
     if data == "jsonl" and not (cfg["CORPUS"] or cfg["RETRIEVER_URL"]):
-        raise DataError("DATA='jsonl' questions search a shared corpus: set CORPUS (a JSONL of {\"id\", \"contents\"}, "
-                        "BM25 in memory) or RETRIEVER_URL (Search-R1's retrieval server)")
+        raise DataError("DATA='jsonl' questions search a shared corpus: set CORPUS (a JSONL of "
+                        "{\"id\", \"contents\"}, BM25 in memory) or RETRIEVER_URL "
+                        "(Search-R1's retrieval server)")
     if cfg["RETRIEVER_URL"] and not cfg["RETRIEVER_URL"].startswith(("http://", "https://")):
-        raise DataError(f"RETRIEVER_URL={cfg['RETRIEVER_URL']!r}: expected an address like http://127.0.0.1:8000/retrieve")
-    needed = {"DATA_TRAIN": cfg["RL_STEPS"] > 0, "DATA_DEV": cfg["EVAL_EVERY"] > 0, "CORPUS": bool(cfg["CORPUS"])}
+        raise DataError(f"RETRIEVER_URL={cfg['RETRIEVER_URL']!r}: expected an address like "
+                        "http://127.0.0.1:8000/retrieve")
+    needed = {"DATA_TRAIN": cfg["RL_STEPS"] > 0, "DATA_DEV": cfg["EVAL_EVERY"] > 0,
+              "CORPUS": bool(cfg["CORPUS"])}
     for name in (n for n, need in needed.items() if need and not os.path.isfile(cfg[n])):
-        raise DataError(f"{name}={cfg[name]!r}: no such file; DATA={data!r} needs it (docs/real-data.md: where to get it)")
-    for split, name in (("train", "DATA_TRAIN"), ("dev", "DATA_DEV")):   # read now: a bad line stops before the model loads
+        raise DataError(f"{name}={cfg[name]!r}: no such file; DATA={data!r} needs it "
+                        "(docs/real-data.md: where to get it)")
+    # read now: a bad line stops before the model loads
+    for split, name in (("train", "DATA_TRAIN"), ("dev", "DATA_DEV")):
         if needed[name]:
             dataset(cfg, split)
 
@@ -397,11 +440,13 @@ def dev_scores(policy, tokenizer, cfg, n=None, dtype=torch.float32, validation=F
     m = f1.mean().item()
     half = 1.96 * f1.std().item() / math.sqrt(len(qs)) if len(qs) > 1 else 0.0
     out = {"n": len(qs), "f1": m, "f1_ci": [m - half, m + half]}
-    subsets = [("em", lambda q: True)] + [(f"hop{h}", lambda q, h=h: q.hops == h) for h in evaluate.HOPS]
+    subsets = [("em", lambda q: True)] + [(f"hop{h}", lambda q, h=h: q.hops == h)
+                                          for h in evaluate.HOPS]
     for key, keep in subsets:
         hit = [e for e, q in zip(em.tolist(), qs) if keep(q)]
         interval = list(evaluate.wilson(sum(hit), len(hit))) if hit else [None, None]
-        out[key], out[f"{key}_n"], out[f"{key}_ci"] = (sum(hit) / len(hit) if hit else None), len(hit), interval
+        out[key], out[f"{key}_n"], out[f"{key}_ci"] = (
+            (sum(hit) / len(hit) if hit else None), len(hit), interval)
     return dict(out, macro=out["em"], macro_ci=out["em_ci"])
 
 
@@ -427,7 +472,8 @@ def label_actions(question, world, turns, top_k=3):
     retrieves a supporting paragraph not yet seen, a ``repeat`` when only seen ones, else a
     ``miss``; an answer ``correct``, ``premature`` (naming one of ``intermediates``) or ``wrong``;
     a decision right when it answers with every supporting paragraph seen or searches while one
-    is missing. None where the data cannot say: no supporting paragraphs, or a server to ask again."""
+    is missing. None where the data cannot say: no supporting paragraphs, or a server to ask
+    again."""
     retriever = world.retriever(question)
     known = bool(question.support) and not getattr(retriever, "remote", False)
     support, seen, labels = {normalize_answer(d.title) for d in question.support}, set(), []
@@ -437,13 +483,15 @@ def label_actions(question, world, turns, top_k=3):
         if action.kind == "search":
             label = None
             if known:   # paragraphs are told apart by title: a shared corpus has its own ids
-                found = {normalize_answer(d.title) for d in retriever.search(action.content, top_k)} & support
+                found = {normalize_answer(d.title)
+                         for d in retriever.search(action.content, top_k)} & support
                 label = "hit" if found - seen else "repeat" if found else "miss"
                 seen |= found
             labels.append(ActionLabel("search", label, (not complete) if known else None))
         elif action.kind == "answer":
             label = ("correct" if exact_match(action.content, question.answers)
-                     else "premature" if exact_match(action.content, question.intermediates) else "wrong")
+                     else "premature" if exact_match(action.content, question.intermediates)
+                     else "wrong")
             labels.append(ActionLabel("answer", label, complete if known else None))
         else:
             labels.append(ActionLabel("invalid", "invalid", None))

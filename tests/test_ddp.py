@@ -16,7 +16,8 @@ def _worker(rank, out_dir, port):
     # Each rank gets different advantages, so its local gradients differ: the ranks can only
     # agree at the end if the gradients really are averaged (runs.all_reduce_gradients).
     gen = torch.Generator().manual_seed(rank)
-    train.grpo.group_advantages = lambda rewards, group_size: torch.randn(len(rewards), generator=gen)
+    train.grpo.group_advantages = (
+        lambda rewards, group_size: torch.randn(len(rewards), generator=gen))
     lm = train.main(TINY + ["--RL_STEPS=2", "--EVAL_EVERY=0", "--DEVICE=cpu", "--LR=0.01",
                             f"--OUT_DIR={out_dir}/run", f"--SFT_DIR={out_dir}/sft"])
     flat = torch.cat([p.detach().flatten() for p in lm.parameters()])

@@ -26,7 +26,8 @@ LOGP_ATOL = 1e-5 if dtype == torch.float32 else 0.05
 
 def test_token_logprobs_on_the_device_match_the_cpu(trained, world, tok):
     q = world.split("train")[0]
-    ids = torch.tensor([tok.encode(model.render_prompt(tok, q) + "<think> x </think><search> a b </search>")])
+    ids = torch.tensor([tok.encode(model.render_prompt(tok, q)
+                                   + "<think> x </think><search> a b </search>")])
     mask = torch.ones_like(ids)
     with torch.no_grad():
         cpu = model.token_logprobs(trained, ids, mask)
@@ -44,10 +45,12 @@ def test_cached_rollout_on_the_device_matches_a_fresh_forward(trained, world, to
     qs = world.split("train")[:6]
     envs = [search_env.SearchEnv(world, q, max_turns=1 + i % 3) for i, q in enumerate(qs)]
     r = model.rollout(lm, tok, envs, max_new_tokens=24, greedy=True)
-    assert r.input_ids.device.type == "cpu"              # results come back for the env and the masks
+    # results come back for the env and the masks
+    assert r.input_ids.device.type == "cpu"
     _check_masks(r, tok, world)
     with torch.no_grad():
-        logits = lm(input_ids=r.input_ids.to(device), attention_mask=r.attention_mask.to(device)).logits.float().cpu()
+        logits = lm(input_ids=r.input_ids.to(device),
+                    attention_mask=r.attention_mask.to(device)).logits.float().cpu()
     gen = r.gen_mask[:, 1:].bool()
     chosen = logits[:, :-1].gather(-1, r.input_ids[:, 1:, None]).squeeze(-1)
     assert gen.sum() > 50 and ((logits[:, :-1].max(-1).values - chosen)[gen]).max() < 1e-3
@@ -78,7 +81,8 @@ def test_evisd_advantages_on_the_device_are_bounded_and_keep_the_sign(sampled, w
     assert (token_adv[~gen] == 0).all()
     ratio = token_adv[gen & (A != 0)] / A[gen & (A != 0)]
     eps = cfg["EVISD_EPS"]
-    assert ratio.min() >= 1 - eps - 1e-6 and ratio.max() <= 1 + eps + 1e-6   # bounded, never sign-flipped
+    # bounded, never sign-flipped
+    assert ratio.min() >= 1 - eps - 1e-6 and ratio.max() <= 1 + eps + 1e-6
     assert stats["modulated_frac"] > 0 and torch.isfinite(lp_teacher).all()
 
 

@@ -49,19 +49,22 @@ def test_sign_preserved_and_bounded(A):
     a = adv[:, None].expand_as(out)
     on = gen.bool()
     assert (torch.sign(out[on]) == torch.sign(a[on])).all()
-    assert ((out[on].abs() >= 0.8 * a[on].abs() - 1e-6) & (out[on].abs() <= 1.2 * a[on].abs() + 1e-6)).all()
+    assert ((out[on].abs() >= 0.8 * a[on].abs() - 1e-6)
+            & (out[on].abs() <= 1.2 * a[on].abs() + 1e-6)).all()
     assert (out[~on] == 0).all()                                  # prompt, info, padding
     assert (out[info.bool()] == 0).all()
     thinking = on & (kind == 0)
     assert torch.equal(out[thinking], a[thinking])                # thinking keeps plain A
-    assert stats["modulated_frac"] == pytest.approx(((kind > 0) & on).sum().item() / on.sum().item())
+    assert stats["modulated_frac"] == pytest.approx(((kind > 0) & on).sum().item()
+                                                    / on.sum().item())
 
 
 def test_formula_on_one_token():
     kind, gen, _, lp_s, lp_t = _batch()
     lp_t = lp_s.clone()
     lp_t[0, 4] = lp_s[0, 4] + 0.1                                 # teacher likes this search token
-    lp_t[1, 11] = lp_s[1, 11] - 0.05                              # teacher dislikes this answer token
+    # teacher dislikes this answer token
+    lp_t[1, 11] = lp_s[1, 11] - 0.05
     out, _ = correct(torch.tensor([2.0, -1.0]), lp_s, lp_t, gen, kind, eps=0.2)
     assert out[0, 4].item() == pytest.approx(2.0 * torch.exp(torch.tensor(0.1)).item(), rel=1e-5)
     assert out[1, 11].item() == pytest.approx(-1.0 * torch.exp(torch.tensor(0.05)).item(), rel=1e-5)
@@ -104,7 +107,8 @@ def test_keep_mask_leaves_the_decision_tags_at_plain_a():
     out, _ = correct(adv, lp_s, lp_t, gen, kind, keep_mask=tags)
     full, _ = correct(adv, lp_s, lp_t, gen, kind)
     assert torch.equal(out[tags], adv[:, None].expand(2, 14)[tags])
-    assert torch.equal(out[~tags], full[~tags])                    # the content is corrected as before
+    # the content is corrected as before
+    assert torch.equal(out[~tags], full[~tags])
 
 
 def test_no_gradient_flows():
@@ -135,7 +139,8 @@ def setup(request):
         tok = model.build_tokenizer(model.tokenizer_texts(seeds=(0,)))
     else:
         tok = model.load_model(request.getfixturevalue("standin_dir"), local_files_only=True)[1]
-    world = toy_world.make_world(seed=5, n_people=20, n_cities=8, n_countries=3, n_films=8, n_companies=6)
+    world = toy_world.make_world(seed=5, n_people=20, n_cities=8, n_countries=3, n_films=8,
+                                 n_companies=6)
     q = [q for q in world.split("train") if q.hops == 2][0]
     ep = toy_world.expert_episode(q, world)
     tr = model.encode_episode(tok, model.render_prompt(tok, q), ep.turns, ep.observations)
@@ -180,7 +185,8 @@ def _three_search_episode(tok, world):
     """Searches for both hops and one repeat, then the answer: three search spans."""
     q = [q for q in world.split("train") if q.hops == 2][0]
     env = search_env.SearchEnv(world, q, max_turns=4)
-    turns = [f"<think> x. </think><search> {e} </search>" for e in q.hop_queries + q.hop_queries[:1]]
+    turns = [f"<think> x. </think><search> {e} </search>"
+             for e in q.hop_queries + q.hop_queries[:1]]
     turns.append(f"<think> y. </think><answer> {q.answers[0]} </answer>")
     observations = [env.step(t).observation for t in turns]
     return q, model.encode_episode(tok, model.render_prompt(tok, q), turns, observations)
@@ -194,16 +200,20 @@ def test_evidence_before_every_search_and_answer_block_after_the_tag(setup):
     teacher, pos = evisd.insert_privileged(tr, ev, ans, every, tok)
     assert sum(p < 0 for p in pos) == 3 * len(ev) + len(ans)
     for s, e, k, _ in teacher.spans:
-        if k == "search":                                          # a block right before each search
+        # a block right before each search
+        if k == "search":
             assert teacher.ids[s - len(ev):s] == ev
     (s, e), (s0, e0) = [(s, e) for t in (teacher, tr) for s, e, k, _ in t.spans if k == "answer"]
     cut = model.tag_length(tok, tr.ids[s0:e0], "answer")
-    assert search_env.ANSWER in tok.decode(teacher.ids[s:s + cut])                    # the decision comes first,
-    assert teacher.ids[s + cut:s + cut + len(ans)] == ans                      # then the golden answer
+    # the decision comes first,
+    assert search_env.ANSWER in tok.decode(teacher.ids[s:s + cut])
+    # then the golden answer
+    assert teacher.ids[s + cut:s + cut + len(ans)] == ans
     kept = [teacher.ids[j] for j in range(s, e) if pos[j] >= 0]
     assert kept == tr.ids[s0:e0] and e - s == e0 - s0 + len(ans)   # the span holds its block
     # Aligned: every student token is scored where it sits in the teacher's sequence.
-    assert all(teacher.ids[j] == tr.ids[p] and teacher.kind[j] == tr.kind[p] for j, p in enumerate(pos) if p >= 0)
+    assert all(teacher.ids[j] == tr.ids[p] and teacher.kind[j] == tr.kind[p]
+               for j, p in enumerate(pos) if p >= 0)
     once, _ = evisd.insert_privileged(tr, ev, ans, FIRST_AND_BEFORE, tok)
     assert len(once.ids) == len(tr.ids) + len(ev) + len(ans)
 
@@ -211,7 +221,8 @@ def test_evidence_before_every_search_and_answer_block_after_the_tag(setup):
 def test_decision_tags_mark_the_opening_tag_tokens(setup):
     tok, world, q, tr = setup
     b = model.collate([tr], tok.pad_token_id)
-    r = model.Rollouts(**b, rewards=torch.tensor([1.0]), answers=[None], turns=torch.tensor([3]), questions=[q])
+    r = model.Rollouts(**b, rewards=torch.tensor([1.0]), answers=[None], turns=torch.tensor([3]),
+                       questions=[q])
     # What span="content" leaves out of the correction: each action's decision tag.
     tags = (evisd.correction_mask(r, tok, evisd.Settings())
             & ~evisd.correction_mask(r, tok, evisd.Settings(span="content")))[0]
@@ -220,8 +231,10 @@ def test_decision_tags_mark_the_opening_tag_tokens(setup):
             n = int(tags[s:e].sum())
             assert n >= 1 and tags[s:s + n].all()                  # a prefix of the span
             opening = search_env.SEARCH if k == "search" else search_env.ANSWER
-            assert opening in tok.decode(tr.ids[s:s + n]) and opening not in tok.decode(tr.ids[s:s + n - 1])
-    assert int(tags.sum()) == sum(model.tag_length(tok, tr.ids[s:e], k) for s, e, k, _ in tr.spans if k in model.KIND_IDS)
+            assert (opening in tok.decode(tr.ids[s:s + n])
+                    and opening not in tok.decode(tr.ids[s:s + n - 1]))
+    assert int(tags.sum()) == sum(model.tag_length(tok, tr.ids[s:e], k)
+                                  for s, e, k, _ in tr.spans if k in model.KIND_IDS)
 
 
 def test_teacher_logprobs_align_with_a_manual_forward(setup):
@@ -235,17 +248,20 @@ def test_teacher_logprobs_align_with_a_manual_forward(setup):
     lp_t = evisd.teacher_logprobs(lm, tok, world, r, lp_s, [0, 1], FIRST_AND_BEFORE)
     ev, ans = evisd.privileged_ids(tok, q, world)
     teacher, pos = evisd.insert_privileged(tr, ev, ans, FIRST_AND_BEFORE)
-    full = model.token_logprobs(lm, torch.tensor([teacher.ids]), torch.ones(1, len(teacher.ids), dtype=torch.long))[0]
+    full = model.token_logprobs(lm, torch.tensor([teacher.ids]),
+                                torch.ones(1, len(teacher.ids), dtype=torch.long))[0]
     scored = (r.action_kind[0] > 0)
     assert scored.sum() > 0 and (lp_t[0][~scored] == -7.0).all()   # unscored: the student's value
     for j, p in enumerate(pos):
         if p >= 0 and scored[p]:
             assert lp_t[0, p].item() == pytest.approx(full[j].item(), abs=1e-5)
     assert torch.allclose(lp_t[0], lp_t[1])
-    sub = evisd.teacher_logprobs(lm, tok, world, r, lp_s, [1], FIRST_AND_BEFORE)   # only some episodes
+    # only some episodes
+    sub = evisd.teacher_logprobs(lm, tok, world, r, lp_s, [1], FIRST_AND_BEFORE)
     assert torch.allclose(sub[1], lp_t[1], atol=1e-6) and (sub[0] == -7.0).all()
     # The teacher batch is cut after the last scored token.
-    assert batch["input_ids"].shape[1] == max(j for j, p in enumerate(pos) if p >= 0 and scored[p]) + 1
+    assert batch["input_ids"].shape[1] == max(j for j, p in enumerate(pos)
+                                              if p >= 0 and scored[p]) + 1
 
 
 def test_teacher_scores_selects_rows_and_scores_duplicates_once(setup, monkeypatch):
@@ -289,9 +305,9 @@ def test_corrected_advantages_is_the_teacher_then_the_correction(setup):
     adv = torch.tensor([1.0, -1.0, 0.0, 0.0])        # the last two: A = 0, never re-scored
     with torch.no_grad():
         lp_s = model.token_logprobs(lm, r.input_ids, r.attention_mask, r.gen_mask)
-    cfg = dict(METHOD="evisd", USE_SEARCH_EVIDENCE=True, USE_ANSWER_PRIVILEGE=True, EVIDENCE_AT="every",
-               ANSWER_AT="content", EVISD_SPAN="content", EVISD_EPS=0.5, EVISD_TAU=0.0,
-               BOUNDED=True, TEMPERATURE=1.0)
+    cfg = dict(METHOD="evisd", USE_SEARCH_EVIDENCE=True, USE_ANSWER_PRIVILEGE=True,
+               EVIDENCE_AT="every", ANSWER_AT="content", EVISD_SPAN="content", EVISD_EPS=0.5,
+               EVISD_TAU=0.0, BOUNDED=True, TEMPERATURE=1.0)
     settings = train.evisd_settings(cfg)
     token_adv, lp_t = evisd.corrected_advantages(lm, tok, world, r, adv, lp_s, settings)
     expected_t = evisd.teacher_logprobs(lm, tok, world, r, lp_s, [0, 1], settings)

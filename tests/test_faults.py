@@ -105,7 +105,8 @@ def test_damaged_cached_warmup_stops_with_its_path(finished, tmp_path):
     (name,) = [d for d in os.listdir(finished) if d.startswith("sft-")]
     shutil.copytree(finished / name, tmp_path / name)
     os.remove(tmp_path / name / "model.safetensors")
-    with pytest.raises(SystemExit, match=re.escape(f"the cached warm-up {tmp_path / name} is unreadable")
+    with pytest.raises(SystemExit,
+                       match=re.escape(f"the cached warm-up {tmp_path / name} is unreadable")
                        + ".*delete that directory and the warm-up is trained again"):
         train.main(BASE + [f"--OUT_DIR={tmp_path}/run", f"--SFT_DIR={tmp_path}/sft"])
 
@@ -113,8 +114,9 @@ def test_damaged_cached_warmup_stops_with_its_path(finished, tmp_path):
 def test_reused_out_dir_stops_unless_told_to_overwrite(run_copy):
     out, args = run_copy
     before = rows(out)
-    with pytest.raises(SystemExit, match=r"already holds a run \(ckpt-000001, ckpt-000002, "
-                                         r"metrics.jsonl with 2 rows\)\. Continue it with --resume"):
+    with pytest.raises(SystemExit,
+                       match=r"already holds a run \(ckpt-000001, ckpt-000002, "
+                             r"metrics.jsonl with 2 rows\)\. Continue it with --resume"):
         train.main(args)
     assert rows(out) == before and ckpt_names(out) == ["ckpt-000001", "ckpt-000002"]
     train.main(args + ["--overwrite", "--RL_STEPS=0"])
@@ -145,7 +147,8 @@ def test_resume_with_other_settings_names_them(run_copy, capsys):
 
 
 def test_resume_under_another_embedded_shape_stops_before_any_work(run_copy, monkeypatch):
-    """A run saved before `tiny` was reshaped cannot go on: it stops at once, not after a warm-up."""
+    """A run saved before `tiny` was reshaped cannot go on: it stops at once, not after a
+    warm-up."""
     out, args = run_copy
     old = model.SIZES["tiny"]
     monkeypatch.setitem(model.SIZES, "tiny", (old[0], old[1] + 1) + tuple(old[2:]))
@@ -157,8 +160,9 @@ def test_resume_under_another_embedded_shape_stops_before_any_work(run_copy, mon
 def test_sigterm_saves_and_exits_like_ctrl_c(finished, tmp_path):
     out = tmp_path / "run"
     log = open(tmp_path / "output.txt", "w")
-    proc = subprocess.Popen([sys.executable, "train.py", *TINY, "--RL_STEPS=1000", "--CKPT_EVERY=1000",
-                             "--EVAL_EVERY=0", f"--OUT_DIR={out}", f"--SFT_DIR={finished}/sft"],
+    proc = subprocess.Popen([sys.executable, "train.py", *TINY, "--RL_STEPS=1000",
+                             "--CKPT_EVERY=1000", "--EVAL_EVERY=0", f"--OUT_DIR={out}",
+                             f"--SFT_DIR={finished}/sft"],
                             cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
     try:
         deadline = time.monotonic() + 120

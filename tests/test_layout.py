@@ -61,7 +61,8 @@ def test_the_core_runs_without_the_lab(tmp_path):
         assert done.returncode == 0, done.stderr[-2000:]
         assert f"saved out/{method}-s0/ckpt-000002" in done.stdout
     done = python("evaluate.py", "out/evisd-s0", "out/grpo-s0", "--worlds", "1")
-    assert done.returncode == 0 and "evisd − grpo, paired by seed" in done.stdout, done.stderr[-2000:]
+    assert (done.returncode == 0
+            and "evisd − grpo, paired by seed" in done.stdout), done.stderr[-2000:]
     for args, needs in ((("train.py", "--DATA=hotpotqa"), "lab/real_data.py"),
                         (("evaluate.py", "out/evisd-s0", "--credit"), "lab/credit.py"),
                         (("evaluate.py", "out/evisd-s0", "--speed"), "lab/curves.py")):

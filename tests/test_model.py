@@ -23,11 +23,13 @@ def lm(tok):
 
 @pytest.fixture(scope="module")
 def world():
-    return toy_world.make_world(seed=7, n_people=20, n_cities=8, n_countries=3, n_films=8, n_companies=6)
+    return toy_world.make_world(seed=7, n_people=20, n_cities=8, n_countries=3, n_films=8,
+                                n_companies=6)
 
 
 def test_tokenizer_round_trip_and_single_token_tags(tok, world):
-    text = search_env.format_information(world.docs[:3]) + "<think> x. </think><answer> y </answer>\n"
+    text = (search_env.format_information(world.docs[:3])
+            + "<think> x. </think><answer> y </answer>\n")
     assert tok.decode(tok.encode(text)) == text
     for tag in search_env.TAGS:
         assert len(tok.encode(tag)) == 1
@@ -67,7 +69,8 @@ def _naive_logprobs(lm, ids):
 def test_token_logprobs_equals_naive_loop(lm):
     ids = [5, 17, 42, 99, 3, 250, 7]
     with torch.no_grad():
-        got = model.token_logprobs(lm, torch.tensor([ids]), torch.ones(1, len(ids), dtype=torch.long), chunk=2)
+        got = model.token_logprobs(lm, torch.tensor([ids]),
+                                   torch.ones(1, len(ids), dtype=torch.long), chunk=2)
     assert torch.allclose(got[0], torch.tensor(_naive_logprobs(lm, ids)), atol=1e-5)
 
 
@@ -78,7 +81,8 @@ def test_token_logprobs_score_mask_and_padding(lm):
     with torch.no_grad():
         batched = model.token_logprobs(lm, ids, mask)
         alone = model.token_logprobs(lm, torch.tensor([short]), torch.ones(1, 4, dtype=torch.long))
-        partial = model.token_logprobs(lm, ids, mask, score_mask=torch.tensor([[0, 0, 1, 0] + [0] * 4, [0] * 7 + [1]]))
+        partial = model.token_logprobs(
+            lm, ids, mask, score_mask=torch.tensor([[0, 0, 1, 0] + [0] * 4, [0] * 7 + [1]]))
     assert (batched[0, :4] - alone[0]).abs().max() < 1e-5
     assert (batched[0, 4:] == 0).all()
     assert partial[0, 2] == pytest.approx(batched[0, 2].item(), abs=1e-6)
@@ -128,7 +132,9 @@ def _check_masks(r, tok, world):
                 assert search_env.parse_action(text).kind == kind
                 # Exact: the first token holds the start of the opening tag, the last the end of
                 # the closing one (with a tag of several tokens, neither may be left out).
-                open_tag, close_tag = (search_env.SEARCH, search_env.SEARCH_END) if kind == "search" else (search_env.ANSWER, search_env.ANSWER_END)
+                open_tag, close_tag = ((search_env.SEARCH, search_env.SEARCH_END)
+                                       if kind == "search"
+                                       else (search_env.ANSWER, search_env.ANSWER_END))
                 assert open_tag not in tok.decode(r.input_ids[i, start + 1:end])
                 assert close_tag not in tok.decode(r.input_ids[i, start:end - 1])
         # Each observation, decoded from its info tokens, is exactly what the env returned.
@@ -143,7 +149,8 @@ def _check_masks(r, tok, world):
             runs.append(cur)
         for run in runs:
             obs = tok.decode(run)
-            assert obs == search_env.INVALID_OBSERVATION or obs.startswith(search_env.INFO) and obs.endswith(search_env.INFO_END)
+            assert (obs == search_env.INVALID_OBSERVATION
+                    or obs.startswith(search_env.INFO) and obs.endswith(search_env.INFO_END))
         assert len(runs) == max(0, int(r.turns[i]) - 1)
 
 
@@ -155,7 +162,8 @@ class ScriptedLM(torch.nn.Module):
         super().__init__()
         self.w = torch.nn.Parameter(torch.zeros(1))
         self.tok = tok
-        self.script = ["<think> hmm </think> no tag", "<think> i need x. </think><search> kalo mira </search>",
+        self.script = ["<think> hmm </think> no tag",
+                       "<think> i need x. </think><search> kalo mira </search>",
                        "<think> ok. </think><answer> velmar </answer>"]
 
     def generate(self, input_ids, attention_mask, generation_config, **cache):
@@ -173,7 +181,8 @@ def test_rollout_masks_on_random_and_scripted_models(tok, lm, world):
     qs = world.split("train")[:4]
     for policy in (lm, ScriptedLM(tok)):
         torch.manual_seed(0)
-        r = model.rollout(policy, tok, search_env.episodes(world, qs, 3, max_turns=3), max_new_tokens=24)
+        r = model.rollout(policy, tok, search_env.episodes(world, qs, 3, max_turns=3),
+                          max_new_tokens=24)
         assert r.input_ids.shape[0] == 12 and (r.turns <= 3).all() and (r.turns >= 1).all()
         assert r.questions[3] is qs[1]
         _check_masks(r, tok, world)
@@ -193,7 +202,8 @@ def trained(tok, world):
     trs = []
     for q in [q for q in world.split("train") if q.hops == 1][:6]:
         ep = toy_world.expert_episode(q, world)
-        trs.append(model.encode_episode(tok, model.render_prompt(tok, q), ep.turns, ep.observations))
+        trs.append(model.encode_episode(tok, model.render_prompt(tok, q), ep.turns,
+                                        ep.observations))
     b = model.collate(trs, tok.pad_token_id)
     for _ in range(60):    # enough to write tagged searches and answers
         lp = model.token_logprobs(lm, b["input_ids"], b["attention_mask"], score_mask=b["gen_mask"])
@@ -204,7 +214,9 @@ def trained(tok, world):
 
 def test_rollout_respects_max_turns(tok, lm, world):
     torch.manual_seed(1)
-    r = model.rollout(lm, tok, search_env.episodes(world, world.split("train")[:3], 2, max_turns=2), max_new_tokens=8)
+    r = model.rollout(lm, tok,
+                      search_env.episodes(world, world.split("train")[:3], 2, max_turns=2),
+                      max_new_tokens=8)
     assert (r.turns <= 2).all() and all(len(s) <= 2 for s in r.spans)
 
 
@@ -213,7 +225,8 @@ def test_rollout_is_deterministic_for_a_seed(tok, trained, world):
     runs = []
     for _ in range(2):
         torch.manual_seed(123)
-        runs.append(model.rollout(trained, tok, search_env.episodes(world, qs, 2), max_new_tokens=24))
+        runs.append(model.rollout(trained, tok, search_env.episodes(world, qs, 2),
+                                  max_new_tokens=24))
     assert torch.equal(runs[0].input_ids, runs[1].input_ids)
     assert torch.equal(runs[0].rewards, runs[1].rewards)
 
@@ -223,7 +236,8 @@ def test_cached_rollout_matches_a_fresh_forward(tok, trained, world):
     give each sequence exactly what a plain forward over its transcript gives: every greedy
     token is the argmax of the right-padded transcript's logits at its position."""
     qs = world.split("train")[:6]
-    envs = [search_env.SearchEnv(world, q, max_turns=1 + i % 3) for i, q in enumerate(qs)]   # 1, 2 or 3 turns
+    # 1, 2 or 3 turns
+    envs = [search_env.SearchEnv(world, q, max_turns=1 + i % 3) for i, q in enumerate(qs)]
     r = model.rollout(trained, tok, envs, max_new_tokens=24, greedy=True)
     kinds = [k for s in r.spans for _, _, k, _ in s]
     assert len(set(r.turns.tolist())) > 1                   # rows left the batch at different turns
@@ -258,7 +272,8 @@ def test_an_unreachable_hub_fails_at_once(monkeypatch, tmp_path):
     monkeypatch.setenv("HF_ENDPOINT", "https://hub.invalid")     # a name that never resolves
     monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
     started = time.monotonic()
-    with pytest.raises(RuntimeError, match="not in the local cache, and the Hugging Face hub cannot be reached"):
+    with pytest.raises(RuntimeError,
+                       match="not in the local cache, and the Hugging Face hub cannot be reached"):
         model.load_model("no-such-org/no-such-model-xyz")
     assert time.monotonic() - started < 10
 
@@ -266,7 +281,8 @@ def test_an_unreachable_hub_fails_at_once(monkeypatch, tmp_path):
 def test_the_embedded_model_starts_with_a_previous_token_head(tok):
     """Layer 0's first head attends to the previous token from init, whatever the tokens (half an
     induction head); its other heads, and a model built without it, spread attention."""
-    ids = torch.tensor([tok.encode("question: who founded rosloia harbor? <search> rosloia harbor </search>")])
+    ids = torch.tensor([tok.encode(
+        "question: who founded rosloia harbor? <search> rosloia harbor </search>")])
 
     def previous_token_share(lm):   # per head of layer 0: mean attention on the token just before
         lm.config._attn_implementation = "eager"          # sdpa returns no attention weights
@@ -283,7 +299,7 @@ def test_build_model_rejects_unknown_size(tok):
         model.build_model(tok, "huge")
 
 
-# ----------------------------------------------------------------------------- pretrained-style tokenizers
+# ---------------------------------------------------------------------- pretrained-style tokenizers
 @pytest.fixture(scope="module")
 def standin(standin_dir):
     """(model, tokenizer) of the local stand-in for a pretrained instruct model (conftest.py)."""
@@ -299,7 +315,8 @@ def policy(which, request):
 
 def test_pretrained_tokenizer_gets_no_new_tokens(standin, standin_dir):
     lm, tok = standin
-    assert len(tok) == len(AutoTokenizer.from_pretrained(standin_dir)) == lm.get_input_embeddings().weight.shape[0]
+    assert (len(tok) == len(AutoTokenizer.from_pretrained(standin_dir))
+            == lm.get_input_embeddings().weight.shape[0])
     assert all(len(tok.encode(tag, add_special_tokens=False)) > 1 for tag in search_env.TAGS)
     assert tok.pad_token_id is not None and tok.pad_token_id != tok.eos_token_id
 
@@ -309,7 +326,8 @@ def test_cut_turn_keeps_sampled_ids_and_cuts_after_the_stop_string(which, reques
     _, tok = policy(which, request)
     text = "<think> a naïve café </think><search> kalo mira </search>"
     ids = tok.encode(text + " junk", add_special_tokens=False)
-    tokens, got = model.cut_turn(tok, ids + [tok.pad_token_id] * 3, {tok.eos_token_id}, tok.pad_token_id)
+    tokens, got = model.cut_turn(tok, ids + [tok.pad_token_id] * 3, {tok.eos_token_id},
+                                 tok.pad_token_id)
     assert got == text and tokens == ids[:len(tokens)]             # a prefix of what was sampled
     assert tok.decode(tokens) == text and search_env.SEARCH_END not in tok.decode(tokens[:-1])
     start = model.action_start(tok, tokens, got, "search")
@@ -358,17 +376,21 @@ def test_rollout_stops_at_stop_strings_with_exact_spans(which, request, world):
     stops right after the token that completes </search> or </answer>, the sampled ids are kept,
     and action_kind covers exactly the tokens that overlap <search> ... </search>."""
     lm, tok = policy(which, request)
-    script = ["<think> i need x. </think><search> kalo mira </search>", "<think> ok. </think><answer> velmar </answer>"]
+    script = ["<think> i need x. </think><search> kalo mira </search>",
+              "<think> ok. </think><answer> velmar </answer>"]
     forced = ForcedLM(lm, tok, script)
     qs = world.split("train")[:2]
-    r = model.rollout(forced, tok, search_env.episodes(world, qs, 1, max_turns=2), max_new_tokens=40, greedy=True)
-    assert [tok.batch_decode(new) for new in forced.returned] == [[s, s] for s in script]  # no junk generated
+    r = model.rollout(forced, tok, search_env.episodes(world, qs, 1, max_turns=2),
+                      max_new_tokens=40, greedy=True)
+    # no junk generated
+    assert [tok.batch_decode(new) for new in forced.returned] == [[s, s] for s in script]
     assert r.answers == ["velmar", "velmar"] and (r.turns == 2).all()
     _check_masks(r, tok, world)
     for i in range(2):
         for (start, end, kind, turn), text in zip(r.spans[i], script):
             turn_ids = tok.encode(text, add_special_tokens=False)
-            assert r.input_ids[i, end - len(turn_ids):end].tolist() == turn_ids   # sampled ids, as they were
+            # sampled ids, as they were
+            assert r.input_ids[i, end - len(turn_ids):end].tolist() == turn_ids
             # The tokens whose characters overlap the action's (from decoded prefixes) are exactly
             # the tokens marked with its kind.
             ends = [len(tok.decode(turn_ids[:j + 1])) for j in range(len(turn_ids))]

@@ -1,13 +1,14 @@
-"""Tests for search_env.py: normalisation, BM25, the protocol, the env (real data: test_real_data.py)."""
+"""Tests for search_env.py: normalisation, BM25, the protocol, the env (real data:
+test_real_data.py)."""
 import pytest
 
-import search_env as se
-import toy_world as tw
+import search_env
+import toy_world
 
 
 @pytest.fixture(scope="module")
 def world():
-    return tw.make_world(seed=0)
+    return toy_world.make_world(seed=0)
 
 
 @pytest.mark.parametrize("pred, gold, em", [
@@ -21,39 +22,39 @@ def world():
     (None, "x", 0.0),
 ])
 def test_exact_match(pred, gold, em):
-    assert se.exact_match(pred, [gold]) == em
+    assert search_env.exact_match(pred, [gold]) == em
 
 
 def test_exact_match_takes_max_over_answers():
-    assert se.exact_match("babbage", ["Charles Babbage", "Babbage"]) == 1.0
-    assert se.normalize_answer("The  Quick, brown FOX.") == "quick brown fox"
+    assert search_env.exact_match("babbage", ["Charles Babbage", "Babbage"]) == 1.0
+    assert search_env.normalize_answer("The  Quick, brown FOX.") == "quick brown fox"
 
 
 def test_bm25_ranks_expected_doc_first():
     docs = ["the cat sat on the mat", "dogs chase cats in the park",
             "a quantum computer uses qubits", "the stock market fell today",
             "cats and dogs are common pets"]
-    bm25 = se.BM25(docs)
+    bm25 = search_env.BM25(docs)
     assert bm25.search("quantum qubits", k=1)[0][0] == 2
     assert bm25.search("stock market", k=3)[0][0] == 3
     hits = bm25.search("cat mat", k=5)
     assert hits[0][0] == 0 and all(s > 0 for _, s in hits)
     assert bm25.search("zebra", k=3) == []          # unknown words: no hits, no error
     # Ties are broken by document order.
-    tie = se.BM25(["alpha beta", "alpha beta", "gamma"])
+    tie = search_env.BM25(["alpha beta", "alpha beta", "gamma"])
     assert [i for i, _ in tie.search("alpha", k=2)] == [0, 1]
 
 
 def test_bm25_matches_textbook_formula():
     import math
     docs = ["a b b c", "b c c c d", "d e"]
-    bm25 = se.BM25(docs, k1=1.2, b=0.75)
-    toks = [se.tokenize(d) for d in docs]
+    bm25 = search_env.BM25(docs, k1=1.2, b=0.75)
+    toks = [search_env.tokenize(d) for d in docs]
     avg = sum(map(len, toks)) / 3
 
     def score(q, d):
         s = 0.0
-        for w in se.tokenize(q):
+        for w in search_env.tokenize(q):
             df = sum(w in t for t in toks)
             if df == 0:
                 continue
@@ -76,7 +77,7 @@ def test_bm25_matches_textbook_formula():
     "<think> unclosed <answer> x </answer>", "</search>", "<answer> x </search>", None, 42,
 ])
 def test_malformed_turns_are_invalid(turn):
-    assert se.parse_action(turn).kind == "invalid"
+    assert search_env.parse_action(turn).kind == "invalid"
 
 
 @pytest.mark.parametrize("turn, why", [
@@ -87,39 +88,42 @@ def test_malformed_turns_are_invalid(turn):
 ])
 def test_text_no_file_can_hold_is_an_invalid_turn(turn, why):
     # The whole turn counts, thinking included: whatever prints or saves it must not break.
-    assert se.parse_action(turn) == se.Action("invalid", why)
+    assert search_env.parse_action(turn) == search_env.Action("invalid", why)
 
 
 def test_valid_turns_parse():
-    a = se.parse_action("<think> i need kalo. </think><search>  kalo mira </search>")
+    a = search_env.parse_action("<think> i need kalo. </think><search>  kalo mira </search>")
     assert (a.kind, a.content) == ("search", "kalo mira")
-    a = se.parse_action(" <answer> velmar </answer>\n")
+    a = search_env.parse_action(" <answer> velmar </answer>\n")
     assert (a.kind, a.content) == ("answer", "velmar")
-    a = se.parse_action("<think> first\tthis,\nthen that </think>\n<answer> velmar </answer>")
+    a = search_env.parse_action(
+        "<think> first\tthis,\nthen that </think>\n<answer> velmar </answer>")
     assert (a.kind, a.content) == ("answer", "velmar")
 
 
 def test_env_episode_flow(world):
     q = world.split("train")[0]
-    env = se.SearchEnv(world, q, max_turns=3)
+    env = search_env.SearchEnv(world, q, max_turns=3)
     assert q.question in env.prompt()
     r = env.step("<search> " + q.hop_queries[0] + " </search>")
-    assert not r.done and r.observation == se.format_information(world.search(q.hop_queries[0], 3))
+    assert (not r.done
+            and r.observation == search_env.format_information(world.search(q.hop_queries[0], 3)))
     r = env.step("nonsense")
-    assert not r.done and r.action.kind == "invalid" and r.observation == se.INVALID_OBSERVATION
+    assert (not r.done and r.action.kind == "invalid"
+            and r.observation == search_env.INVALID_OBSERVATION)
     r = env.step("<search> again </search>")                 # third turn = max_turns: over
     assert r.done and r.reward == 0.0 and r.observation == ""
     with pytest.raises(RuntimeError):
         env.step("<answer> x </answer>")
-    env = se.SearchEnv(world, q)
+    env = search_env.SearchEnv(world, q)
     r = env.step(f"<answer> {q.answers[0].upper()} </answer>")
     assert r.done and r.reward == 1.0 and env.answer == q.answers[0].upper()
 
 
 def test_format_information_is_the_single_format(world):
     docs = world.docs[:2]
-    block = se.format_information(docs)
-    assert block.startswith(se.INFO) and block.endswith(se.INFO_END)
+    block = search_env.format_information(docs)
+    assert block.startswith(search_env.INFO) and block.endswith(search_env.INFO_END)
     for d in docs:
         assert f" {d.title}: {d.text}" in block
-    assert se.format_information([]) == "<information> no results. </information>"
+    assert search_env.format_information([]) == "<information> no results. </information>"

@@ -3,17 +3,18 @@ import random
 
 import pytest
 
-import search_env as se
-import toy_world as tw
+import search_env
+import toy_world
 
 
 @pytest.fixture(scope="module")
 def world():
-    return tw.make_world(seed=0)
+    return toy_world.make_world(seed=0)
 
 
 def test_world_is_deterministic_per_seed():
-    a, b, c = tw.make_world(seed=3), tw.make_world(seed=3), tw.make_world(seed=4)
+    a, b, c = (toy_world.make_world(seed=3), toy_world.make_world(seed=3),
+               toy_world.make_world(seed=4))
     assert [d.text for d in a.docs] == [d.text for d in b.docs]
     assert [q.question for q in a.questions] == [q.question for q in b.questions]
     assert [d.text for d in a.docs] != [d.text for d in c.docs]
@@ -21,13 +22,13 @@ def test_world_is_deterministic_per_seed():
 
 def test_world_size_and_vocabulary(world):
     assert 200 <= len(world.docs) <= 500
-    words = {w for d in world.docs for w in se.tokenize(d.title + " " + d.text)}
+    words = {w for d in world.docs for w in search_env.tokenize(d.title + " " + d.text)}
     assert len(words) < 2000
     assert len({d.title for d in world.docs}) == len(world.docs)       # names are unique
-    syllables = set(tw.SYLLABLES) | {"ia"}
+    syllables = set(toy_world.SYLLABLES) | {"ia"}
     for d in world.docs[:50]:                                            # names are spelled
         for word in d.title.split():                                     # from syllables
-            if word in tw.FILM_WORDS + tw.COMPANY_WORDS:
+            if word in toy_world.FILM_WORDS + toy_world.COMPANY_WORDS:
                 continue
             assert _spellable(word, syllables), word
 
@@ -66,7 +67,7 @@ def test_evidence_contains_entities_and_answer(world):
 
 def _mentions(text, phrase):
     """Whole-word phrase match: 'moris' is not mentioned by 'morisel'."""
-    return f" {se.normalize_answer(phrase)} " in f" {se.normalize_answer(text)} "
+    return f" {search_env.normalize_answer(phrase)} " in f" {search_env.normalize_answer(text)} "
 
 
 def test_multi_hop_questions_need_every_document(world):
@@ -82,14 +83,15 @@ def test_multi_hop_questions_need_every_document(world):
 
 
 def test_gold_entity_query_retrieves_first_hop_doc(world):
-    hits = [q.evidence[0] in [d.id for d in world.search(q.hop_queries[0], 3)] for q in world.questions]
+    hits = [q.evidence[0] in [d.id for d in world.search(q.hop_queries[0], 3)]
+            for q in world.questions]
     assert sum(hits) / len(hits) > 0.95
 
 
 def test_clean_experts_score_one_on_every_train_question(world):
     rng = random.Random(0)
     for q in world.split("train"):
-        ep = tw.expert_episode(q, world, noise=0.0, rng=rng)
+        ep = toy_world.expert_episode(q, world, noise=0.0, rng=rng)
         assert ep.reward == 1.0, (q.question, ep.turns)
         assert len(ep.turns) == q.hops + 1
 
@@ -97,14 +99,14 @@ def test_clean_experts_score_one_on_every_train_question(world):
 def test_noisy_experts_are_imperfect(world):
     rng = random.Random(0)
     qs = world.split("train")[:200]
-    rewards = [tw.expert_episode(q, world, noise=0.5, rng=rng).reward for q in qs]
+    rewards = [toy_world.expert_episode(q, world, noise=0.5, rng=rng).reward for q in qs]
     assert 0.55 < sum(rewards) / len(rewards) < 0.95
 
 
 def test_stop_early_answers_the_bridge_entity_of_multi_hop_questions_only(world):
     rng = random.Random(0)
     for q in world.split("train")[:200]:
-        ep = tw.expert_episode(q, world, stop_early=1.0, rng=rng)
+        ep = toy_world.expert_episode(q, world, stop_early=1.0, rng=rng)
         if q.hops == 1:
             assert ep.reward == 1.0 and len(ep.turns) == 2
         else:  # one search fewer, and the answer is the last hop's query: the bridge entity
@@ -120,33 +122,41 @@ def test_stop_early_answers_the_bridge_entity_of_multi_hop_questions_only(world)
 ])
 def test_make_world_rejects_bad_arguments(kwargs, name):
     with pytest.raises(ValueError, match=name):
-        tw.make_world(seed=0, **kwargs)
+        toy_world.make_world(seed=0, **kwargs)
 
 
 def test_partial_name_habit_searches_a_first_name_and_follows_whoever_it_finds(world):
     rng = random.Random(0)
-    person_questions = [q for q in world.split("train") if tw._is_person(world, q.hop_queries[0])]
-    habit = [(q, tw.expert_episode(q, world, partial_name=1.0, rng=rng)) for q in person_questions[:150]]
+    person_questions = [q for q in world.split("train")
+                        if toy_world._is_person(world, q.hop_queries[0])]
+    habit = [(q, toy_world.expert_episode(q, world, partial_name=1.0, rng=rng))
+             for q in person_questions[:150]]
     for q, ep in habit:
-        first_query = se.parse_action(ep.turns[0]).content
+        first_query = search_env.parse_action(ep.turns[0]).content
         assert first_query == q.hop_queries[0].split()[0]            # the first name only
-        assert tw.label_actions(q, world, ep.turns)[0].label == "partial"
+        assert toy_world.label_actions(q, world, ep.turns)[0].label == "partial"
         if ep.reward == 0.0:     # it followed someone else: the facts it quotes are theirs
             assert q.hop_queries[0] not in ep.turns[1]
     wrong = sum(ep.reward == 0.0 for _, ep in habit) / len(habit)
     assert 0.4 < wrong < 0.9, wrong       # first names are shared: usually the wrong person
-    assert all(tw.expert_episode(q, world, partial_name=0.0).reward == 1.0 for q in person_questions[:150])
+    assert all(toy_world.expert_episode(q, world, partial_name=0.0).reward == 1.0
+               for q in person_questions[:150])
 
 
 def test_follow_reads_the_same_relation_from_another_document(world):
-    q = next(q for q in world.split("train") if q.hops == 2 and tw._is_person(world, q.hop_queries[0]))
+    q = next(q for q in world.split("train")
+             if q.hops == 2 and toy_world._is_person(world, q.hop_queries[0]))
     subject, value = q.hop_queries[0], q.hop_queries[1]
-    assert tw._follow(world, subject, q.hop_facts[0], subject, value) == (q.hop_facts[0], value)
-    other = next(d.title for d in world.docs if tw._is_person(world, d.title) and d.title != subject)
-    fact, city = tw._follow(world, other, q.hop_facts[0], subject, value)
-    assert fact == f"{other} was born in {city}" and f"was born in {city}." in world.doc_by_title[other].text
+    assert (toy_world._follow(world, subject, q.hop_facts[0], subject, value)
+            == (q.hop_facts[0], value))
+    other = next(d.title for d in world.docs
+                 if toy_world._is_person(world, d.title) and d.title != subject)
+    fact, city = toy_world._follow(world, other, q.hop_facts[0], subject, value)
+    assert (fact == f"{other} was born in {city}"
+            and f"was born in {city}." in world.doc_by_title[other].text)
     film = next(d.title for d in world.docs if d.text.startswith("is a film"))
-    assert tw._follow(world, film, q.hop_facts[0], subject, value) is None   # films are not born
+    # films are not born
+    assert toy_world._follow(world, film, q.hop_facts[0], subject, value) is None
 
 
 def test_habits_and_slips_never_step_past_the_turn_budget(world):
@@ -155,5 +165,6 @@ def test_habits_and_slips_never_step_past_the_turn_budget(world):
     rng = random.Random(0)
     for q in world.split("train"):
         for _ in range(5):
-            ep = tw.expert_episode(q, world, noise=1.0, partial_name=1.0, rng=rng, max_turns=3)
+            ep = toy_world.expert_episode(q, world, noise=1.0, partial_name=1.0, rng=rng,
+                                          max_turns=3)
             assert len(ep.turns) <= 3

@@ -18,7 +18,8 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 TINY = ["--WORLD_SCALE=0.15", "--SFT_STEPS=4", "--SFT_BATCH=4", "--RL_STEPS=4",
         "--QUESTIONS_PER_STEP=2", "--GROUP_SIZE=2", "--MAX_NEW_TOKENS=12", "--MAX_TURNS=2",
-        "--EVAL_QUESTIONS=3", "--EVAL_EVERY=2", "--CKPT_EVERY=2", "--PPO_EPOCHS=2", f"--DEVICE={DEVICE}"]
+        "--EVAL_QUESTIONS=3", "--EVAL_EVERY=2", "--CKPT_EVERY=2", "--PPO_EPOCHS=2",
+        f"--DEVICE={DEVICE}"]
 DEFAULTS = train.DEFAULTS
 TIMING = ("step_s", "rollout_s", "teacher_s")
 
@@ -67,7 +68,8 @@ def test_override_errors(arg, message):
 
 
 def test_an_empty_model_directory_is_named_before_any_work(tmp_path):
-    with pytest.raises(SystemExit, match="has no config.json, so it is not a Hugging Face model directory"):
+    with pytest.raises(SystemExit,
+                       match="has no config.json, so it is not a Hugging Face model directory"):
         train.configure([f"--MODEL={tmp_path}"])
 
 
@@ -78,15 +80,16 @@ def test_validation_worlds_is_a_setting():
 
 def test_presets_do_not_repeat_each_other():
     presets = glob.glob(os.path.join(os.path.dirname(train.__file__), "config", "*.py"))
-    lines = [{l for l in open(p) if "=" in l and not l.startswith(("OUT_DIR", "MODEL"))} for p in presets]
+    lines = [{l for l in open(p) if "=" in l and not l.startswith(("OUT_DIR", "MODEL"))}
+             for p in presets]
     for i, a in enumerate(lines):
         for b in lines[i + 1:]:
             assert len(a & b) <= 2, a & b
 
 
 def test_overrides_parse_types():
-    cfg, resume, overwrite = train.configure(["--LR=1", "--METHOD=grpo", "--BOUNDED=False", "--resume",
-                                               "--OUT_DIR=out/x"])
+    cfg, resume, overwrite = train.configure(["--LR=1", "--METHOD=grpo", "--BOUNDED=False",
+                                              "--resume", "--OUT_DIR=out/x"])
     assert cfg["LR"] == 1.0 and isinstance(cfg["LR"], float)
     assert cfg["METHOD"] == "grpo" and cfg["BOUNDED"] is False and resume and not overwrite
     assert cfg["OUT_DIR"] == "out/x" and cfg["SEED"] == DEFAULTS["SEED"]
@@ -97,14 +100,16 @@ def test_auto_learning_rates_depend_on_the_model():
     auto = ("LR", "SFT_LR", "SFT_PRIVILEGED_FRAC", "SFT_CONTEXT_LOSS")
     assert tuple(embedded[k] for k in auto) == (2e-4, 3e-3, 0.3, 1.0)
     hf, _, _ = train.configure(["--MODEL=Qwen/Qwen2.5-0.5B-Instruct"])
-    assert tuple(hf[k] for k in auto) == (1e-6, 1e-5, 0.0, 0.0)   # a pretrained model reads documents already
+    # a pretrained model reads documents already
+    assert tuple(hf[k] for k in auto) == (1e-6, 1e-5, 0.0, 0.0)
     chosen, _, _ = train.configure(["--MODEL=some/model", "--LR=3e-6"])
     assert chosen["LR"] == 3e-6                                   # an explicit value wins
 
 
 def test_config_file_then_overrides_in_order(tmp_path):
     path = tmp_path / "exp.py"
-    path.write_text('"""An experiment."""\nMETHOD = "grpo"\nLR = 1e-5\nRL_STEPS = 3\nBOUNDED = False\n')
+    path.write_text(
+        '"""An experiment."""\nMETHOD = "grpo"\nLR = 1e-5\nRL_STEPS = 3\nBOUNDED = False\n')
     cfg, _, _ = train.configure([str(path), "--RL_STEPS=5"])
     assert (cfg["METHOD"], cfg["LR"], cfg["RL_STEPS"], cfg["BOUNDED"]) == ("grpo", 1e-5, 5, False)
     cfg, _, _ = train.configure(["--RL_STEPS=5", str(path)])
@@ -131,12 +136,15 @@ def test_config_file_errors_name_file_and_line(tmp_path, text, message):
     assert str(path) in str(e.value)
 
 
-@pytest.mark.parametrize("preset", sorted(glob.glob(os.path.join(os.path.dirname(train.__file__), "config", "*.py"))))
+@pytest.mark.parametrize("preset", sorted(glob.glob(
+    os.path.join(os.path.dirname(train.__file__), "config", "*.py"))))
 def test_presets_parse_and_pretrained_models_get_small_rates(preset):
-    if "DATA = " in open(preset).read():   # a data preset goes after a model preset; its files are fixtures here
+    # a data preset goes after a model preset; its files are fixtures here
+    if "DATA = " in open(preset).read():
         pytest.importorskip("lab.real_data")
         data = os.path.join(os.path.dirname(train.__file__), "lab", "tests", "data")
-        preset = ["config/qwen2.5-0.5b-instruct.py", preset, f"--DATA_TRAIN={data}/hotpot_train_v1.1.json",
+        preset = ["config/qwen2.5-0.5b-instruct.py", preset,
+                  f"--DATA_TRAIN={data}/hotpot_train_v1.1.json",
                   f"--DATA_DEV={data}/hotpot_dev_distractor_v1.json"]
     cfg, _, _ = train.configure(preset if isinstance(preset, list) else [preset])
     if cfg["MODEL"] not in model.SIZES:
@@ -157,7 +165,8 @@ def test_smoke_run_resume_and_evaluate(tmp_path):
     assert {"eval_test", "eval_ood", "eval_macro"} <= set(evals[0])
     # Checkpoint layout: one HF directory (model + tokenizer) with the training state; the last
     # two are kept, so a damaged newest one has one to fall back on.
-    assert sorted(n for n in os.listdir(full) if n.startswith("ckpt")) == ["ckpt-000002", "ckpt-000004"]
+    assert (sorted(n for n in os.listdir(full) if n.startswith("ckpt"))
+            == ["ckpt-000002", "ckpt-000004"])
     ckpt = os.listdir(os.path.join(full, "ckpt-000004"))
     for f in ("config.json", "model.safetensors", "tokenizer.json", "state.pt"):
         assert f in ckpt, f
@@ -186,7 +195,8 @@ def test_grpo_method_logs_no_modulation(tmp_path, capsys):
     (r,) = rows(out)
     assert "modulated_frac" not in r and r["teacher_s"] == 0.0 and r["ratio"] == pytest.approx(1.0)
     # The run says where it was saved and how to evaluate it.
-    assert f"saved {out}/ckpt-000001 after 1 RL steps; evaluate it: python evaluate.py {out}" in capsys.readouterr().out
+    assert (f"saved {out}/ckpt-000001 after 1 RL steps; evaluate it: python evaluate.py {out}"
+            in capsys.readouterr().out)
 
 
 def test_quick_check_macro_is_the_mean_of_one_and_two_hop_em():
@@ -195,12 +205,14 @@ def test_quick_check_macro_is_the_mean_of_one_and_two_hop_em():
     tok = model.build_tokenizer(model.tokenizer_texts(seeds=(0,)))
     em = evaluate.heldout_em(model.build_model(tok, "tiny"), tok, cfg, n=30)
     assert set(em) == {"test", "ood", "hop1", "hop2", "hop3", "macro"}
-    assert em["hop3"] == em["ood"] and em["macro"] == pytest.approx((em["hop1"] + em["hop2"]) / 2, abs=1e-4)
+    assert (em["hop3"] == em["ood"]
+            and em["macro"] == pytest.approx((em["hop1"] + em["hop2"]) / 2, abs=1e-4))
 
 
 def test_runs_table_rows_have_as_many_cells_as_its_header():
     row = {"run": "r", "seed": 0, "warmup_macro": 0.1, "macro": 0.2, "macro_ci": [0.1, 0.3],
-           **{f"hop{h}{k}": v for h in evaluate.HOPS for k, v in (("", 0.5), ("_ci", [0.4, 0.6]), ("_n", 10))}}
+           **{f"hop{h}{k}": v for h in evaluate.HOPS
+              for k, v in (("", 0.5), ("_ci", [0.4, 0.6]), ("_n", 10))}}
     lines = evaluate.runs_table([row]).splitlines()
     assert len({line.count("|") for line in lines}) == 1
 
@@ -211,13 +223,15 @@ def test_any_seed_trains_on_worlds_never_evaluated_on(seed):
     training world's random stream is one of theirs, however large SEED is."""
     cfg, _, _ = train.configure([f"--SEED={seed}", "--WORLD_SCALE=0.15"])
     low, high = cfg["EVAL_SEED"] - cfg["VALIDATION_WORLDS"], cfg["EVAL_SEED"] + 100
-    assert evaluate.eval_world_seed(cfg, 0, validation=True) >= low and evaluate.eval_world_seed(cfg, 99) < high
+    assert (evaluate.eval_world_seed(cfg, 0, validation=True) >= low
+            and evaluate.eval_world_seed(cfg, 99) < high)
     evaluated = {random.Random(s).random() for s in range(low, high)}
     world_of = lambda stage, step: toy_world.training_world(stage, seed, step, cfg["WORLD_SCALE"])
     for stage, step in (("warmup", 0), ("warmup", 899), ("rl", 0), ("rl", 59)):
         world = world_of(stage, step)
         assert isinstance(world.seed, str) and random.Random(world.seed).random() not in evaluated
-    assert world_of("rl", 1).docs != world_of("rl", 2).docs and world_of("rl", 1).docs != world_of("warmup", 1).docs
+    assert (world_of("rl", 1).docs != world_of("rl", 2).docs
+            and world_of("rl", 1).docs != world_of("warmup", 1).docs)
     runs.seed_everything("rl", seed, 59, 0)
     first = torch.rand(1)
     runs.seed_everything("rl", seed, 59, 1)
@@ -226,18 +240,22 @@ def test_any_seed_trains_on_worlds_never_evaluated_on(seed):
 
 def test_paired_table_on_tiny_runs(tmp_path, capsys, monkeypatch):
     evisd_run = run(tmp_path, "evisd-s0", "--RL_STEPS=1", "--EVAL_EVERY=0", "--PPO_EPOCHS=1")
-    grpo_run = run(tmp_path, "grpo-s0", "--RL_STEPS=1", "--EVAL_EVERY=0", "--PPO_EPOCHS=1", "--METHOD=grpo")
+    grpo_run = run(tmp_path, "grpo-s0", "--RL_STEPS=1", "--EVAL_EVERY=0", "--PPO_EPOCHS=1",
+                   "--METHOD=grpo")
     js = str(tmp_path / "rows.json")
     evaluate.main([evisd_run, grpo_run, "--worlds", "1", "--json", js])
     got = json.load(open(js))
     by_group = {r["group"]: r for r in got["runs"]}
     pair = got["paired"]["evisd"]
-    assert pair["baseline"] == "grpo" and pair["seeds"] == [0] and pair["keys"] == list(evaluate.PAIRED_KEYS)
-    assert pair["diff"]["0"]["macro"] == pytest.approx(by_group["evisd"]["macro"] - by_group["grpo"]["macro"])
+    assert (pair["baseline"] == "grpo" and pair["seeds"] == [0]
+            and pair["keys"] == list(evaluate.PAIRED_KEYS))
+    assert pair["diff"]["0"]["macro"] == pytest.approx(by_group["evisd"]["macro"]
+                                                       - by_group["grpo"]["macro"])
     out = capsys.readouterr().out
     assert "mean paired difference and 95% t-interval over 1 seeds" in out and "| macro |" in out
     # Held-out EM is cached in the checkpoint: a second evaluation recomputes nothing.
-    monkeypatch.setattr(evaluate, "heldout_by_hops", lambda *a, **k: pytest.fail("recomputed a cached EM"))
+    monkeypatch.setattr(evaluate, "heldout_by_hops",
+                        lambda *a, **k: pytest.fail("recomputed a cached EM"))
     evaluate.main([evisd_run, grpo_run, "--worlds", "1", "--json", js])
     assert json.load(open(js))["paired"] == got["paired"]
 
@@ -247,10 +265,12 @@ def test_pretrained_standin_runs_rl_without_warmup_and_evaluates(tmp_path, stand
     RL from the model as it is, auto (tiny) learning rate, tags as text, and evaluate.py on the
     result. Its random weights write garbage, so this checks the path, not learning."""
     vocab = len(AutoTokenizer.from_pretrained(standin_dir))
-    plain = run(tmp_path, "plain", f"--MODEL={standin_dir}", "--SFT_STEPS=0", "--RL_STEPS=2", "--MAX_NEW_TOKENS=8")
+    plain = run(tmp_path, "plain", f"--MODEL={standin_dir}", "--SFT_STEPS=0", "--RL_STEPS=2",
+                "--MAX_NEW_TOKENS=8")
     preset = str(tmp_path / "preset")
     small = [a for a in TINY if not a.startswith("--SFT_STEPS")]   # the preset's SFT_STEPS=0 stays
-    train.main(["config/qwen2.5-0.5b-instruct.py"] + small + [     # the preset's file, then overrides
+    # the preset's file, then overrides
+    train.main(["config/qwen2.5-0.5b-instruct.py"] + small + [
         f"--MODEL={standin_dir}", "--RL_STEPS=2", "--MAX_NEW_TOKENS=8", f"--OUT_DIR={preset}",
         f"--SFT_DIR={tmp_path}/sft"])
     for out in (plain, preset):
@@ -258,8 +278,10 @@ def test_pretrained_standin_runs_rl_without_warmup_and_evaluates(tmp_path, stand
         assert cfg["LR"] == 1e-6 and cfg["SFT_STEPS"] == 0
         assert [r["step"] for r in rows(out) if not r.get("eval")] == [0, 1]
         ckpt = os.path.join(out, "ckpt-000002")
-        assert len(AutoTokenizer.from_pretrained(ckpt)) == vocab                    # no tag was added
-        assert AutoModelForCausalLM.from_pretrained(ckpt).get_input_embeddings().weight.shape[0] == vocab
+        # no tag was added
+        assert len(AutoTokenizer.from_pretrained(ckpt)) == vocab
+        lm = AutoModelForCausalLM.from_pretrained(ckpt)
+        assert lm.get_input_embeddings().weight.shape[0] == vocab
     assert json.load(open(os.path.join(preset, "config.json")))["GRADIENT_CHECKPOINTING"] is True
     assert not glob.glob(f"{tmp_path}/sft-*")          # no warm-up: no copy of the model on disk
     js = str(tmp_path / "rows.json")

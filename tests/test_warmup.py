@@ -22,7 +22,8 @@ def test_a_warmup_is_reproducible_for_its_seed(tmp_path):
     """Same seed (and torch version and thread count): the same losses and the same weights;
     another seed: others."""
     def warm_up(seed, where):
-        cfg, _, _ = train.configure(TINY + [f"--SEED={seed}", f"--SFT_DIR={tmp_path}/{where}", "--DEVICE=cpu"])
+        cfg, _, _ = train.configure(TINY + [f"--SEED={seed}", f"--SFT_DIR={tmp_path}/{where}",
+                                            "--DEVICE=cpu"])
         lm, tok = train.build_policy(cfg, torch.device("cpu"))
         path = warmup.run(cfg, lm, tok, rank=0)
         losses = torch.load(os.path.join(path, "state.pt"), weights_only=False)["losses"]
@@ -33,16 +34,18 @@ def test_a_warmup_is_reproducible_for_its_seed(tmp_path):
 
 
 def test_a_cached_warmup_is_keyed_by_the_embedded_models_shape_and_init(tmp_path, monkeypatch):
-    """Reshaping `tiny` (as session 7 did), or changing its init (session 8), must train a new warm-up,
-    not load one of another shape or one that began from other weights."""
+    """Reshaping `tiny` (as session 7 did), or changing its init (session 8), must train a new
+    warm-up, not load one of another shape or one that began from other weights."""
     paths = []
-    for shape, init in (((64, 2, 4, 2, 128), 6.0), ((64, 1, 4, 2, 128), 6.0), ((64, 1, 4, 2, 128), 0.0)):
-        cfg, _, _ = train.configure(TINY + [f"--SFT_DIR={tmp_path}/sft", "--SFT_STEPS=1", "--DEVICE=cpu",
-                                            f"--PREV_TOKEN_INIT={init}"])
+    for shape, init in (((64, 2, 4, 2, 128), 6.0), ((64, 1, 4, 2, 128), 6.0),
+                        ((64, 1, 4, 2, 128), 0.0)):
+        cfg, _, _ = train.configure(TINY + [f"--SFT_DIR={tmp_path}/sft", "--SFT_STEPS=1",
+                                            "--DEVICE=cpu", f"--PREV_TOKEN_INIT={init}"])
         monkeypatch.setitem(model.SIZES, "tiny", shape)
         lm, tok = train.build_policy(cfg, torch.device("cpu"))
         paths.append(warmup.run(cfg, lm, tok, rank=0))
-        assert json.load(open(os.path.join(paths[-1], "config.json")))["num_hidden_layers"] == shape[1]
+        assert (json.load(open(os.path.join(paths[-1], "config.json")))["num_hidden_layers"]
+                == shape[1])
     assert len(set(paths)) == 3
 
 
@@ -54,8 +57,10 @@ def test_warmup_demonstrator_has_its_habits_only_when_asked():
     def queries(stop_early, partial_name, privileged_frac):
         cfg.update(SFT_STOP_EARLY=stop_early, SFT_PARTIAL_NAME=partial_name)
         b = warmup_batch(cfg, tok, 0, privileged_frac)
-        return [[tok.decode(b["input_ids"][i, s:e]).split("<search>")[1].split("</search>")[0].split()
-                 for s, e, kind, _ in spans if kind == "search"] for i, spans in enumerate(b["spans"])]
+        return [[tok.decode(b["input_ids"][i, s:e]).split("<search>")[1]
+                 .split("</search>")[0].split()
+                 for s, e, kind, _ in spans if kind == "search"]
+                for i, spans in enumerate(b["spans"])]
 
     searches = lambda *args: [len(q) for q in queries(*args)]
     one_word = lambda *args: sum(len(w) == 1 for q in queries(*args) for w in q)
@@ -77,19 +82,23 @@ def test_warmup_repeats_worlds_for_its_first_steps_only():
 
     def texts(step, repeat_steps):
         b = warmup_batch(dict(cfg, SFT_REPEAT_STEPS=repeat_steps), tok, step, 0.0)
-        return [tok.decode(ids[att.bool()]) for ids, att in zip(b["input_ids"], b["attention_mask"])]
+        return [tok.decode(ids[att.bool()])
+                for ids, att in zip(b["input_ids"], b["attention_mask"])]
 
     # the words of the documents a step shows, against those of world 3's documents
-    shown = lambda step, repeat: {w for t in texts(step, repeat) for block in t.split("<information>")[1:]
-                                  for w in block.split("</information>")[0].replace(".", " ").replace(":", " ").split()}
+    shown = lambda step, repeat: {
+        w for t in texts(step, repeat) for block in t.split("<information>")[1:]
+        for w in block.split("</information>")[0].replace(".", " ").replace(":", " ").split()}
     world3 = {w for d in toy_world.training_world("warmup", cfg["SEED"], 3, cfg["WORLD_SCALE"]).docs
               for w in (d.title + " " + d.text).replace(".", " ").replace(":", " ").split()}
     assert texts(3, 20) != texts(13, 20)                      # new questions every step
     assert shown(13, 20) <= world3 and not shown(13, 0) <= world3 and not shown(23, 20) <= world3
-    assert texts(3, 20) == texts(3, 20) and texts(23, 20) == texts(23, 0)   # after step 20: fresh worlds
+    # after step 20: fresh worlds
+    assert texts(3, 20) == texts(3, 20) and texts(23, 20) == texts(23, 0)
     assert texts(3, 0) != texts(13, 0)
     auto = lambda model: train.configure([f"--MODEL={model}"])[0]["SFT_REPEAT_STEPS"]
-    assert train.DEFAULTS["SFT_REPEAT_STEPS"] == "auto" and auto("tiny") == 300 and auto("some/hf-model") == 0
+    assert (train.DEFAULTS["SFT_REPEAT_STEPS"] == "auto" and auto("tiny") == 300
+            and auto("some/hf-model") == 0)
 
 
 def test_context_mask_covers_what_the_model_reads_and_nothing_else():
@@ -102,9 +111,11 @@ def test_context_mask_covers_what_the_model_reads_and_nothing_else():
     plain, mixed = (warmup_batch(cfg, tok, 0, f) for f in (0.0, 0.5))
     for b in (plain, mixed):
         att, gen, context = b["attention_mask"], b["gen_mask"], b["context_mask"]
-        assert (context[:, 0] == 0).all() and (context[att == 0] == 0).all() and (context * gen).sum() == 0
+        assert ((context[:, 0] == 0).all() and (context[att == 0] == 0).all()
+                and (context * gen).sum() == 0)
     # Without privileged demonstrations every real token but the first is read or written, once.
-    assert torch.equal((plain["context_mask"] + plain["gen_mask"])[:, 1:], plain["attention_mask"][:, 1:])
+    assert torch.equal((plain["context_mask"] + plain["gen_mask"])[:, 1:],
+                       plain["attention_mask"][:, 1:])
     # With them, exactly the inserted blocks are left out: each starts with <information> and holds
     # the golden answer ("the answer is ...") or the gold evidence.
     left_out = mixed["attention_mask"] - mixed["gen_mask"] - mixed["context_mask"]

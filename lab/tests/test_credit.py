@@ -58,17 +58,20 @@ def test_repeat_miss_wrong_invalid_and_searching_too_long(world):
     q = first(world, "train", 2)
     got = labels(world, q, ["no tags at all", search(q.hop_queries[0]), search(q.hop_queries[0]),
                             search("zzz qqq"), answer("somebody else")])
-    assert got == [("invalid", "invalid", None), ("search", "hit", True), ("search", "repeat", True),
-                   ("search", "miss", True), ("answer", "wrong", False)]
+    assert got == [("invalid", "invalid", None), ("search", "hit", True),
+                   ("search", "repeat", True), ("search", "miss", True),
+                   ("answer", "wrong", False)]
     q1 = first(world, "train", 1)
     # Once the only evidence document is in, another search is the wrong decision.
-    assert labels(world, q1, [search(q1.hop_queries[0]), search(q1.hop_queries[0]), answer(q1.answers[0])]) == [
+    assert labels(world, q1, [search(q1.hop_queries[0]), search(q1.hop_queries[0]),
+                              answer(q1.answers[0])]) == [
         ("search", "hit", True), ("search", "repeat", False), ("answer", "correct", True)]
 
 
 def test_a_search_that_finds_only_other_documents_is_a_miss(world):
     q = first(world, "train", 2)
-    other = next(d.title for d in world.docs if d.id not in q.evidence and d.title not in q.hop_queries)
+    other = next(d.title for d in world.docs
+                 if d.id not in q.evidence and d.title not in q.hop_queries)
     (got,) = toy_world.label_actions(q, world, [search(other)])
     assert got.label == "miss" and got.docs and not set(got.docs) & set(q.evidence)
 
@@ -87,8 +90,10 @@ def test_no_oracle_for_real_data():
     data = os.path.join(os.path.dirname(__file__), "data")
     corpus = real_data.read_corpus(os.path.join(data, "corpus.jsonl"))
     q = real_data.read_jsonl_questions(os.path.join(data, "questions.jsonl"), corpus)[0]
-    assert toy_world.label_actions(q, corpus, [search("x")]) is None     # real data has its own: real_data.label_actions
-    assert corpus.oracle_labels(q, [search("x")]) is None                 # a plain corpus has no oracle
+    # real data has its own: real_data.label_actions
+    assert toy_world.label_actions(q, corpus, [search("x")]) is None
+    # a plain corpus has no oracle
+    assert corpus.oracle_labels(q, [search("x")]) is None
 
 
 def test_label_shares(world):
@@ -129,10 +134,11 @@ def test_report_card_on_a_scripted_batch(world):
     tok = model.build_tokenizer(model.tokenizer_texts(seeds=(0,)))
     good = toy_world.expert_episode(q, world)
     bad = toy_world.expert_episode(q, world, stop_early=1.0)
-    trs = [model.encode_episode(tok, model.render_prompt(tok, q), e.turns, e.observations) for e in (good, bad)]
+    trs = [model.encode_episode(tok, model.render_prompt(tok, q), e.turns, e.observations)
+           for e in (good, bad)]
     r = model.Rollouts(**model.collate(trs, tok.pad_token_id), rewards=torch.tensor([1.0, 0.0]),
-                       answers=[good.answer, bad.answer], turns=torch.tensor([3, 2]), questions=[q, q],
-                       turn_texts=[good.turns, bad.turns])
+                       answers=[good.answer, bad.answer], turns=torch.tensor([3, 2]),
+                       questions=[q, q], turn_texts=[good.turns, bad.turns])
     labs = credit.episode_labels(r, world, top_k=3)
     assert [a.label for a in labs[1]] == ["hit", "premature"]
     adv = torch.tensor([0.7, -0.7])
@@ -154,9 +160,11 @@ def test_report_card_on_a_scripted_batch(world):
     # Only the bad episode's good first search (its tag and its query) carries misassigned mass.
     tokens = lambda xs: sum(x["end"] - x["start"] for x in xs)
     good_search_of_bad = [x for x in records if x["episode"] == 1 and x["kind"] == "search"]
-    assert card["parts"]["all"]["misassigned_grpo"] == pytest.approx(tokens(good_search_of_bad) / tokens(records))
+    assert card["parts"]["all"]["misassigned_grpo"] == pytest.approx(tokens(good_search_of_bad)
+                                                                      / tokens(records))
     assert card["parts"]["all"]["misassigned_evisd"] < card["parts"]["all"]["misassigned_grpo"]
-    row = next(x for x in card["rows"] if x["kind"] == "answer" and x["part"] == "tag" and x["label"] == "wrong")
+    row = next(x for x in card["rows"]
+               if x["kind"] == "answer" and x["part"] == "tag" and x["label"] == "wrong")
     assert row == dict(kind="answer", part="tag", label="wrong", sign="A<0", count=1, gap=-1.0,
                        w=pytest.approx(1.2))
     assert "| answer | tag | wrong | A<0 | 1 | -1.000 | 1.200 |" in credit.format_report(
@@ -179,18 +187,23 @@ def test_wilson_interval_by_hand():
 
 def test_paired_differences():
     rows = [dict(group=g, method=m, seed=s, macro=v, hop1=v, hop2=v)
-            for g, m, vals in (("evisd", "evisd", (0.5, 0.6, 0.7)), ("grpo", "grpo", (0.4, 0.6, 0.5)))
+            for g, m, vals in (("evisd", "evisd", (0.5, 0.6, 0.7)),
+                               ("grpo", "grpo", (0.4, 0.6, 0.5)))
             for s, v in enumerate(vals)]
-    rows.append(dict(group="evisd", method="evisd", seed=9, macro=1.0, hop1=1.0, hop2=1.0))  # no pair
-    keys = evaluate.PAIRED_KEYS + curves.SPEED_KEYS        # EM, and learning speed (evaluate.py --speed)
+    # no pair
+    rows.append(dict(group="evisd", method="evisd", seed=9, macro=1.0, hop1=1.0, hop2=1.0))
+    # EM, and learning speed (evaluate.py --speed)
+    keys = evaluate.PAIRED_KEYS + curves.SPEED_KEYS
     p = evaluate.paired_differences(rows, keys=keys)["evisd"]
     assert p["baseline"] == "grpo" and p["seeds"] == [0, 1, 2]
     assert [p["diff"][s]["macro"] for s in (0, 1, 2)] == pytest.approx([0.1, 0.0, 0.2])
     assert p["macro"] == pytest.approx(evaluate.t_interval([0.1, 0.0, 0.2]))
-    assert p["intervals"]["macro"] == p["macro"] and "partial_clear" not in p["intervals"]   # not logged
+    # not logged
+    assert p["intervals"]["macro"] == p["macro"] and "partial_clear" not in p["intervals"]
     # Learning speed pairs the same way, over the seeds that have it.
     for r in rows:
-        r["partial_clear"] = {("evisd", 0): 5, ("evisd", 1): 8, ("grpo", 0): 9, ("grpo", 1): 8}.get((r["group"], r["seed"]))
+        r["partial_clear"] = {("evisd", 0): 5, ("evisd", 1): 8, ("grpo", 0): 9,
+                              ("grpo", 1): 8}.get((r["group"], r["seed"]))
     p = evaluate.paired_differences(rows, keys=keys)["evisd"]
     assert [p["diff"][s]["partial_clear"] for s in (0, 1, 2)] == [-4, 0, None]
     assert p["intervals"]["partial_clear"] == pytest.approx(evaluate.t_interval([-4, 0]))
@@ -209,12 +222,13 @@ def test_decision_tag_covers_exactly_the_opening_tag(world, tokenizer, request):
     q = first(world, "train", 2)
     ep = toy_world.expert_episode(q, world)
     tr = model.encode_episode(tok, model.render_prompt(tok, q), ep.turns, ep.observations)
-    r = model.Rollouts(**model.collate([tr, tr], tok.pad_token_id), rewards=torch.tensor([1.0, 0.0]),
-                       answers=[ep.answer] * 2, turns=torch.tensor([3, 3]), questions=[q, q],
-                       turn_texts=[ep.turns] * 2)
+    r = model.Rollouts(**model.collate([tr, tr], tok.pad_token_id),
+                       rewards=torch.tensor([1.0, 0.0]), answers=[ep.answer] * 2,
+                       turns=torch.tensor([3, 3]), questions=[q, q], turn_texts=[ep.turns] * 2)
     gap = torch.zeros(r.input_ids.shape)
-    records = credit.action_records(r, credit.episode_labels(r, world, 3), torch.tensor([1.0, -1.0]),
-                                    gap, torch.ones_like(gap), tok, rows=[0])
+    records = credit.action_records(r, credit.episode_labels(r, world, 3),
+                                    torch.tensor([1.0, -1.0]), gap, torch.ones_like(gap), tok,
+                                    rows=[0])
     text = lambda x: tok.decode(r.input_ids[0, x["start"]:x["end"]].tolist())
     tags = [x for x in records if x["part"] == "tag"]
     assert [x["kind"] for x in tags] == ["search", "search", "answer"]
@@ -227,7 +241,8 @@ def test_decision_tag_covers_exactly_the_opening_tag(world, tokenizer, request):
 
 
 def test_partial_name_query_is_labelled_partial_whatever_it_retrieves(world):
-    q = next(q for q in world.split("train") if q.hops == 1 and toy_world._is_person(world, q.hop_queries[0]))
+    q = next(q for q in world.split("train")
+             if q.hops == 1 and toy_world._is_person(world, q.hop_queries[0]))
     first_name, full = q.hop_queries[0].split()[0], q.hop_queries[0]
     assert labels(world, q, [search(first_name)])[0] == ("search", "partial", True)
     assert labels(world, q, [search(full)])[0] == ("search", "hit", True)

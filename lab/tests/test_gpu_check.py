@@ -8,27 +8,33 @@ import subprocess
 import sys
 import time
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))   # the repository
-spec = importlib.util.spec_from_file_location("gpu_check", os.path.join(ROOT, "lab", "gpu_check.py"))
+# the repository
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+spec = importlib.util.spec_from_file_location("gpu_check",
+                                              os.path.join(ROOT, "lab", "gpu_check.py"))
 gpu_check = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(gpu_check)
 
 
 def test_dry_mode_runs_every_part_and_writes_the_report(tmp_path):
     out = tmp_path / "out"
-    proc = subprocess.run([sys.executable, "lab/gpu_check.py", str(out), "--dry", "--work", str(tmp_path / "work")],
+    proc = subprocess.run([sys.executable, "lab/gpu_check.py", str(out), "--dry", "--work",
+                           str(tmp_path / "work")],
                           cwd=ROOT, capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     parts = json.load(open(out / "gpu-check.json"))["parts"]
     assert list(parts) == list(gpu_check.PARTS)
-    assert all(p["status"] == "ok" for p in parts.values()), {k: p.get("error") for k, p in parts.items()}
+    assert all(p["status"] == "ok" for p in parts.values()), {
+        k: p.get("error") for k, p in parts.items()}
     f = {name: p["figures"] for name, p in parts.items()}
     assert f["versions"]["torch"] and f["versions"]["device"] == "cpu"
     assert f["tests"]["passed"] > 0 and f["tests"]["failed"] == f["tests"]["errors"] == 0
-    for probe in f["memory"].values():   # the tiny stand-in of the Qwen shapes: 2 x 2 episodes, all scored
+    # the tiny stand-in of the Qwen shapes: 2 x 2 episodes, all scored
+    for probe in f["memory"].values():
         assert probe["params"] > 0 and probe["episodes"] == 4 and probe["finite_loss"]
         assert probe["peak_rss_gb"] > 0 and probe["modulated_frac"] > 0
-    assert f["train"]["rl_steps"] == 2 and f["train"]["warmup_s"] > 0 and f["train"]["heldout_last"]["step"] == 2
+    assert (f["train"]["rl_steps"] == 2 and f["train"]["warmup_s"] > 0
+            and f["train"]["heldout_last"]["step"] == 2)
     assert f["bench"]["evisd_step_over_grpo_step"] > 0 and f["bench"]["tiny"]["episodes"] == 4
     assert f["torchrun"] == {"processes": 1, "backend": "gloo", "rows": 2, "checkpoint": True}
     report = open(out / "gpu-check.md").read()
@@ -43,7 +49,8 @@ def test_a_failing_part_is_recorded_and_the_next_still_runs(tmp_path):
         raise ValueError("a bug in a part")
 
     def slow(check):
-        rc, output = check.python("-c", "import time; print('started', flush=True); time.sleep(60)", timeout=1)
+        rc, output = check.python(
+            "-c", "import time; print('started', flush=True); time.sleep(60)", timeout=1)
         gpu_check.expect(rc, output, "sleeper", {"partial": 1})
 
     started = time.monotonic()
@@ -54,4 +61,5 @@ def test_a_failing_part_is_recorded_and_the_next_still_runs(tmp_path):
     assert r["versions"]["status"] == "failed" and "a bug in a part" in r["versions"]["error"]
     assert r["memory"]["status"] == "timed out" and r["memory"]["figures"] == {"partial": 1}
     assert "started" in r["memory"]["error"]                     # the end of its output is kept
-    assert r["train"] == {"status": "ok", "seconds": r["train"]["seconds"], "figures": {"fine": True}}
+    assert r["train"] == {"status": "ok", "seconds": r["train"]["seconds"],
+                          "figures": {"fine": True}}

@@ -12,17 +12,22 @@ from test_train import run
 
 def test_speed_curves_and_credit_report_through_evaluate(tmp_path, capsys):
     evisd_run = run(tmp_path, "evisd-s0", "--RL_STEPS=1", "--EVAL_EVERY=0", "--PPO_EPOCHS=1")
-    grpo_run = run(tmp_path, "grpo-s0", "--RL_STEPS=1", "--EVAL_EVERY=0", "--PPO_EPOCHS=1", "--METHOD=grpo")
+    grpo_run = run(tmp_path, "grpo-s0", "--RL_STEPS=1", "--EVAL_EVERY=0", "--PPO_EPOCHS=1",
+                   "--METHOD=grpo")
     js = str(tmp_path / "rows.json")
-    evaluate.main([evisd_run, grpo_run, "--worlds", "1", "--json", js, "--speed", "--plot", str(tmp_path / "c.png")])
+    evaluate.main([evisd_run, grpo_run, "--worlds", "1", "--json", js, "--speed", "--plot",
+                   str(tmp_path / "c.png")])
     got = json.load(open(js))
     by_group = {r["group"]: r for r in got["runs"]}
     pair = got["paired"]["evisd"]
     assert pair["baseline"] == "grpo" and pair["seeds"] == [0]
-    assert pair["diff"]["0"]["macro"] == pytest.approx(by_group["evisd"]["macro"] - by_group["grpo"]["macro"])
-    for key in curves.SPEED_KEYS:   # learning speed, from metrics.jsonl, paired too (None: nothing logged)
+    assert pair["diff"]["0"]["macro"] == pytest.approx(by_group["evisd"]["macro"]
+                                                       - by_group["grpo"]["macro"])
+    # learning speed, from metrics.jsonl, paired too (None: nothing logged)
+    for key in curves.SPEED_KEYS:
         both = None not in (by_group["evisd"][key], by_group["grpo"][key])
-        assert pair["diff"]["0"][key] == (pytest.approx(by_group["evisd"][key] - by_group["grpo"][key]) if both else None)
+        assert pair["diff"]["0"][key] == (
+            pytest.approx(by_group["evisd"][key] - by_group["grpo"][key]) if both else None)
     assert by_group["grpo"]["quick_area"] is None          # EVAL_EVERY=0: no quick check to measure
     out = capsys.readouterr().out
     assert "mean paired difference and 95% t-interval over 1 seeds" in out and "| macro |" in out
@@ -34,7 +39,8 @@ def test_speed_curves_and_credit_report_through_evaluate(tmp_path, capsys):
     cards = json.load(open(card_path))
     assert set(cards) == {evisd_run, sft}
     for card in cards.values():
-        assert card["episodes"] == 4 * 2 and set(card["parts"]) >= {"all", "search_tag", "answer_content"}
+        assert (card["episodes"] == 4 * 2
+                and set(card["parts"]) >= {"all", "search_tag", "answer_content"})
         assert 0.0 <= card["shares"]["label_invalid"] <= 1.0
     assert "AUC of gap" in capsys.readouterr().out
     # Every design choice on the same samples, on validation worlds: same actions, same labels,
@@ -48,7 +54,8 @@ def test_speed_curves_and_credit_report_through_evaluate(tmp_path, capsys):
         assert card["parts"]["all"]["misassigned_grpo"] == base["parts"]["all"]["misassigned_grpo"]
     kept = cards["EVISD_SPAN=content"]["parts"]
     for kind in ("search", "answer"):   # the tags keep A: EviSD's misassigned mass there is GRPO's
-        assert kept[f"{kind}_tag"]["misassigned_evisd"] == pytest.approx(kept[f"{kind}_tag"]["misassigned_grpo"])
+        assert (kept[f"{kind}_tag"]["misassigned_evisd"]
+                == pytest.approx(kept[f"{kind}_tag"]["misassigned_grpo"]))
     assert "| EVISD_SPAN=content |" in capsys.readouterr().out
     # The gap view of one run's episodes.
     evaluate.main([evisd_run, "--show", "1"])
