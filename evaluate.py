@@ -363,12 +363,12 @@ def main(argv):
     # The lab's switch for the report card and the gap view: they sample episodes of their own.
     if args.credit or args.show:
         return runs.lab("credit", "--credit and --show").main(args)
+    # The lab's switch for learning speed: how fast each habit goes, read off metrics.jsonl.
+    curves = runs.lab("curves", "--speed and --plot") if args.speed or args.plot else None
     warmup_em = {}
     rows = [run_summary(run, args.worlds, warmup_em, args.validation)
             for run in tqdm(args.runs, desc="evaluate", dynamic_ncols=True)]
     keys = PAIRED_KEYS
-    # The lab's switch for learning speed: how fast each habit goes, read off metrics.jsonl.
-    curves = runs.lab("curves", "--speed and --plot") if args.speed or args.plot else None
     if curves:
         for row in rows:
             row.update(curves.speed(runs.read_metrics(row["run"]), row["rl_steps"]))

@@ -152,7 +152,7 @@ def test_resume_under_another_embedded_shape_stops_before_any_work(run_copy, mon
     out, args = run_copy
     old = model.SIZES["tiny"]
     monkeypatch.setitem(model.SIZES, "tiny", (old[0], old[1] + 1) + tuple(old[2:]))
-    monkeypatch.setattr(train, "supervised_warmup", lambda *a: pytest.fail("the warm-up ran"))
+    monkeypatch.setattr(train.warmup, "run", lambda *a: pytest.fail("the warm-up ran"))
     with pytest.raises(SystemExit, match="another shape than today's model.SIZES"):
         train.main(args + ["--resume"])
 

@@ -73,6 +73,8 @@ def test_the_core_runs_without_the_lab(tmp_path):
 
 def test_a_missing_lab_is_one_line(monkeypatch):
     import runs
-    monkeypatch.setitem(sys.modules, "lab", None)      # as if the folder were not there
+    # As if the folder were not there (and nothing of it imported yet).
+    monkeypatch.setitem(sys.modules, "lab", None)
+    monkeypatch.setitem(sys.modules, "lab.credit", None)
     with pytest.raises(SystemExit, match="^--credit needs lab/credit.py"):
         runs.lab("credit", "--credit")
