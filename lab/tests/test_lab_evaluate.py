@@ -6,7 +6,9 @@ import os
 import pytest
 
 import evaluate
+import runs
 from lab import credit, curves
+from test_faults import finished, run_copy  # noqa: F401 (fixtures: a finished tiny run, copied)
 from test_train import run
 
 
@@ -60,3 +62,19 @@ def test_speed_curves_and_credit_report_through_evaluate(tmp_path, capsys):
     # The gap view of one run's episodes.
     evaluate.main([evisd_run, "--show", "1"])
     assert "gap" in open(os.path.join(evisd_run, "episodes.html")).read()
+
+
+def test_model_output_that_is_not_unicode_is_invalid_and_printable(run_copy, monkeypatch, capsys):
+    out, _ = run_copy
+    load_run = runs.load_run
+
+    def load_run_writing_surrogates(run_dir):   # a model whose every piece ends in a lone surrogate
+        lm, tok, cfg, sft_path = load_run(run_dir)
+        decode = tok.decode
+        tok.decode = lambda ids, **kw: decode(ids, **kw) + "\udcff"
+        return lm, tok, cfg, sft_path
+    monkeypatch.setattr(runs, "load_run", load_run_writing_surrogates)
+    evaluate.main([out, "--show", "1"])
+    printed = capsys.readouterr().out
+    assert "\\udcff" in printed and "reward=0" in printed and "reward=1" not in printed
+    assert "\\udcff" in open(os.path.join(out, "episodes.html"), encoding="utf-8").read()
