@@ -28,7 +28,7 @@ from transformers import (AutoModelForCausalLM, AutoTokenizer, DynamicCache, Gen
 from transformers.utils import logging as transformers_logging
 
 from search_env import (ANSWER, ANSWER_END, INSTRUCTION, INVALID_OBSERVATION, SEARCH, SEARCH_END,
-                        TAGS, Question, SearchEnv, format_information, parse_action, step_all)
+                        TAGS, Question, format_information, parse_action, step_all)
 from toy_world import SYLLABLES, expert_episode, make_world
 
 # transformers' progress bars and notices ("Loading weights", "Writing model shards") would bury
@@ -59,7 +59,7 @@ def tokenizer_texts(seeds=(0, 1, 2, 3)):
         texts += [format_information(world.docs[i:i + 3]) for i in range(0, len(world.docs), 3)]
         for q in world.questions[::4]:
             ep = expert_episode(q, world)
-            texts += [SearchEnv(world, q).prompt()] + ep.turns
+            texts += [render_prompt(None, q)] + ep.turns
     return texts
 
 
@@ -178,8 +178,8 @@ def save_checkpoint_dir(model, tokenizer, path):
 
 
 def render_prompt(tokenizer, question):
-    """The instruction and the question: plain text for the embedded model, or through the
-    chat template for an instruct model that has one."""
+    """The instruction and the question: plain text for the embedded model (or no tokenizer),
+    or through the chat template for an instruct model that has one."""
     text = question.question if isinstance(question, Question) else str(question)
     if getattr(tokenizer, "chat_template", None):
         messages = [{"role": "system", "content": INSTRUCTION},

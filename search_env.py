@@ -288,10 +288,6 @@ class SearchEnv:
         self.max_turns, self.top_k = max_turns, top_k
         self.turns, self.done, self.reward, self.answer = 0, False, 0.0, None
 
-    def prompt(self):
-        """The plain-text prompt (model.render_prompt wraps it in a chat template if any)."""
-        return f"{INSTRUCTION}\nquestion: {self.question.question}\n"
-
     def step(self, turn_text, retrieved=None):
         """One turn. ``retrieved``: its search's documents when step_all fetched them already."""
         if self.done:

@@ -326,6 +326,12 @@ class ActionLabel:
 GOOD_LABELS = ("hit", "correct")    # every other label of an action's content is a bad one
 
 
+def search_label(found, seen):
+    """``hit`` if a search found evidence its episode had not seen, ``repeat`` if it found only
+    evidence already seen, ``miss`` if it found none (``found``, ``seen``: sets of evidence)."""
+    return "hit" if found - seen else "repeat" if found else "miss"
+
+
 def label_actions(question, world, turns, top_k=3):
     """One ``ActionLabel`` per generated turn of an episode, from what its searches retrieve.
 
@@ -354,8 +360,7 @@ def label_actions(question, world, turns, top_k=3):
             words = tokenize(action.content)
             names = [tokenize(world.doc_by_id[d].title) for d in evidence - seen]
             partial = any(words and len(words) < len(n) and set(words) <= set(n) for n in names)
-            label = ("partial" if partial else "hit" if found - seen
-                     else "repeat" if found else "miss")
+            label = "partial" if partial else search_label(found, seen)
             labels.append(ActionLabel("search", label, not all_seen, docs))
             seen |= found
         elif action.kind == "answer":

@@ -156,6 +156,18 @@ VARIANTS = {(", ".join(f"{k}={v}" for k, v in o.items()) or "as configured"): o
             for o in VARIANT_OVERRIDES}
 
 
+def sample(lm, tokenizer, cfg, world, questions, group_size):
+    """Episodes of ``questions`` sampled as a training step samples them (Rollouts), their group
+    advantages A [N] and the student's log-probs [N, T]."""
+    envs = search_env.episodes(world, questions, group_size, cfg["MAX_TURNS"], cfg["TOP_K"])
+    r = model.rollout(lm, tokenizer, envs, cfg["MAX_NEW_TOKENS"], cfg["TEMPERATURE"])
+    adv = grpo.group_advantages(r.rewards, group_size)                          # [N]
+    with torch.no_grad():
+        lp_s = model.token_logprobs(lm, r.input_ids, r.attention_mask, r.gen_mask,
+                                    temperature=cfg["TEMPERATURE"])             # [N, T]
+    return r, adv, lp_s
+
+
 def report(lm, tokenizer, cfg, sets, seed=0, progress=None, variants=None):
     """The report card on held-out questions. ``sets``: [(world, questions)]; each world's
     questions are played in chunks of QUESTIONS_PER_STEP, GROUP_SIZE samples at TEMPERATURE,
@@ -173,17 +185,11 @@ def report(lm, tokenizer, cfg, sets, seed=0, progress=None, variants=None):
         for c in range(0, len(questions), cfg["QUESTIONS_PER_STEP"]):
             chunk = questions[c:c + cfg["QUESTIONS_PER_STEP"]]
             torch.manual_seed(seed * 1_000_003 + n_episodes)
-            envs = search_env.episodes(world, chunk, cfg["GROUP_SIZE"], cfg["MAX_TURNS"],
-                                       cfg["TOP_K"])
-            r = model.rollout(lm, tokenizer, envs, cfg["MAX_NEW_TOKENS"], cfg["TEMPERATURE"])
-            labels = episode_labels(r, world, cfg["TOP_K"])
             # What one training step computes: A, the student's log-probs, and per variant the
             # teacher's (on the episodes with A != 0) and Â.
-            adv = grpo.group_advantages(r.rewards, cfg["GROUP_SIZE"])                   # [N]
+            r, adv, lp_s = sample(lm, tokenizer, cfg, world, chunk, cfg["GROUP_SIZE"])
+            labels = episode_labels(r, world, cfg["TOP_K"])
             rows = adv.nonzero().squeeze(1).tolist()
-            with torch.no_grad():
-                lp_s = model.token_logprobs(lm, r.input_ids, r.attention_mask, r.gen_mask,
-                                            temperature=cfg["TEMPERATURE"])             # [N, T]
             for name, vcfg in configs.items():
                 token_adv, lp_t = evisd.corrected_advantages(lm, tokenizer, world, r, adv, lp_s,
                                                              train.evisd_settings(vcfg))
@@ -260,12 +266,7 @@ def show_episodes(lm, tok, cfg, world, qs, html_path, k):
     (evaluate.py --show; also as HTML): questions whose samples disagree first, since a group
     that agrees has A = 0, which training never asks the teacher about (its gap shows as 0)."""
     torch.manual_seed(0)
-    envs = search_env.episodes(world, qs, 4, cfg["MAX_TURNS"], cfg["TOP_K"])
-    r = model.rollout(lm, tok, envs, cfg["MAX_NEW_TOKENS"], cfg["TEMPERATURE"])
-    adv = grpo.group_advantages(r.rewards, 4)
-    with torch.no_grad():
-        lp_s = model.token_logprobs(lm, r.input_ids, r.attention_mask, r.gen_mask,
-                                    temperature=cfg["TEMPERATURE"])
+    r, adv, lp_s = sample(lm, tok, cfg, world, qs, 4)
     # The teacher's gap, whichever method the run trained with.
     token_adv, lp_t = evisd.corrected_advantages(lm, tok, world, r, adv, lp_s,
                                                  train.evisd_settings(cfg))

@@ -28,7 +28,7 @@ import evaluate
 import model
 import search_env
 from search_env import Doc, exact_match, f1_score, normalize_answer, parse_action
-from toy_world import ActionLabel
+from toy_world import ActionLabel, search_label
 
 # the train file's first ones (at most a tenth): for choosing settings, never trained on
 VALIDATION_QUESTIONS = 500
@@ -485,7 +485,7 @@ def label_actions(question, world, turns, top_k=3):
             if known:   # paragraphs are told apart by title: a shared corpus has its own ids
                 found = {normalize_answer(d.title)
                          for d in retriever.search(action.content, top_k)} & support
-                label = "hit" if found - seen else "repeat" if found else "miss"
+                label = search_label(found, seen)
                 seen |= found
             labels.append(ActionLabel("search", label, (not complete) if known else None))
         elif action.kind == "answer":

@@ -264,7 +264,7 @@ def test_teacher_logprobs_align_with_a_manual_forward(setup):
                                               if p >= 0 and scored[p]) + 1
 
 
-def test_teacher_scores_selects_rows_and_scores_duplicates_once(setup, monkeypatch):
+def test_teacher_logprobs_selects_rows_and_scores_duplicates_once(setup, monkeypatch):
     tok, world, q, tr = setup
     lm = model.build_model(tok, "tiny").eval()
     other = model.encode_episode(tok, model.render_prompt(tok, q), *_noisy_turns(world, q))

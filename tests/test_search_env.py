@@ -104,7 +104,6 @@ def test_valid_turns_parse():
 def test_env_episode_flow(world):
     q = world.split("train")[0]
     env = search_env.SearchEnv(world, q, max_turns=3)
-    assert q.question in env.prompt()
     r = env.step("<search> " + q.hop_queries[0] + " </search>")
     assert (not r.done
             and r.observation == search_env.format_information(world.search(q.hop_queries[0], 3)))
