@@ -14,7 +14,8 @@ import model
 DEVICE = os.environ.get("DEVICE", "cpu")
 
 # ChatML, the template of the Qwen instruct models.
-CHAT_TEMPLATE = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n"
+CHAT_TEMPLATE = ("{% for m in messages %}"
+                 "<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n"
                  "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
 
 
@@ -30,17 +31,20 @@ def build_standin(path):
     bpe.train_from_iterator(model.tokenizer_texts(seeds=(0,)), trainers.BpeTrainer(
         vocab_size=1024, special_tokens=["<|endoftext|>", "<|im_start|>", "<|im_end|>"],
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False))
-    tok = PreTrainedTokenizerFast(tokenizer_object=bpe, eos_token="<|im_end|>", pad_token="<|endoftext|>")
+    tok = PreTrainedTokenizerFast(tokenizer_object=bpe, eos_token="<|im_end|>",
+                                  pad_token="<|endoftext|>")
     tok.chat_template = CHAT_TEMPLATE
-    config = Qwen2Config(vocab_size=len(tok), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=True,
+    config = Qwen2Config(vocab_size=len(tok), hidden_size=64, intermediate_size=128,
+                         num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                         tie_word_embeddings=True,
                          max_position_embeddings=2048, eos_token_id=tok.eos_token_id,
                          pad_token_id=tok.pad_token_id)
     torch.manual_seed(0)
     lm = Qwen2ForCausalLM(config)
     lm.generation_config = GenerationConfig(eos_token_id=[tok.eos_token_id, tok.pad_token_id],
                                             pad_token_id=tok.pad_token_id, do_sample=True,
-                                            temperature=0.7, top_k=20, top_p=0.8, repetition_penalty=1.05)
+                                            temperature=0.7, top_k=20, top_p=0.8,
+                                            repetition_penalty=1.05)
     lm.save_pretrained(path)
     tok.save_pretrained(path)
     return str(path)
