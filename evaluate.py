@@ -294,7 +294,7 @@ def paired_table(paired):
     """Per seed, each measure's difference from the baseline; then each mean with its interval."""
     lines = []
     for name, p in paired.items():
-        keys = [k for k in p["keys"] if k in p["intervals"]]
+        keys = list(p["intervals"])      # the measures with an interval, in the order paired
         lines += [f"{name} − {p['baseline']}, paired by seed:", "",
                   "| seed | " + " | ".join(keys) + " |", "|---" * (len(keys) + 1) + "|"]
         for s in p["seeds"]:
@@ -317,8 +317,8 @@ def summary_table(rows, paired):
              " | ".join(f"{g} − {baseline} [95%] (n={len(p['seeds'])})"
                         for g, p in paired.items()) + " |",
              "|---" * (len(paired) + 2) + "|"]
-    for k in [k for k in next(iter(paired.values()))["keys"]
-              if any(k in p["intervals"] for p in paired.values())]:
+    measures = dict.fromkeys(k for p in paired.values() for k in p["intervals"])   # ordered union
+    for k in measures:
         vals = [r[k] for r in base if r.get(k) is not None]
         cells = [_interval(*p["intervals"][k]) if k in p["intervals"] else "–"
                  for p in paired.values()]

@@ -84,8 +84,11 @@ def main(argv):
     args, overrides = ap.parse_known_args(argv)
     root = os.path.join(ROOT, "out", "sweep")
     if args.table:
-        return print(table([json.loads(line)
-                            for line in open(os.path.join(root, "results.jsonl"))]))
+        path = os.path.join(root, "results.jsonl")
+        if not os.path.exists(path):
+            raise SystemExit(f"{path}: no sweep has run yet (the committed probes' rows are in "
+                             "lab/results/warmup-probes-2026-12-04.jsonl)")
+        return print(table([json.loads(line) for line in open(path)]))
     if not args.name:
         ap.error("give the recipe's name (or --table)")
     os.makedirs(root, exist_ok=True)
