@@ -86,8 +86,9 @@ def heldout_em(policy, tokenizer, cfg, n=100, dtype=torch.float32):
     held-out world, per split and per number of hops, and the macro, the mean of 1- and 2-hop EM
     as in the held-out table (None when the sample lacks one of them). Real data: dev EM and F1
     (lab/real_data.py)."""
-    if real_data(cfg):
-        return real_data(cfg).quick_scores(policy, tokenizer, cfg, n, dtype)
+    real = real_data(cfg)
+    if real:
+        return real.quick_scores(policy, tokenizer, cfg, n, dtype)
     out, by_hops = {}, {h: [] for h in HOPS}
     for split in SPLITS:
         world, qs = heldout_questions(cfg, split, n)
@@ -107,8 +108,9 @@ def heldout_by_hops(policy, tokenizer, cfg, worlds=EVAL_WORLDS, validation=False
     worlds, per number of hops, each with its 95% Wilson interval, and the macro over
     ``MACRO_HOPS`` (with a normal-approximation interval). Real data: its whole dev split
     (lab/real_data.py)."""
-    if real_data(cfg):
-        return real_data(cfg).dev_scores(policy, tokenizer, cfg, validation=validation)
+    real = real_data(cfg)
+    if real:
+        return real.dev_scores(policy, tokenizer, cfg, validation=validation)
     correct, total = {h: 0 for h in HOPS}, {h: 0 for h in HOPS}
     for k in range(worlds):
         world = toy_world.make_world(eval_world_seed(cfg, k, validation), scale=cfg["WORLD_SCALE"])

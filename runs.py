@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 import torch.distributed as dist
+from transformers import AutoModelForCausalLM
 
 import model
 
@@ -271,7 +272,7 @@ def atomic_save(path, policy, tokenizer, state):
 
 def load_weights(policy, path):
     """Copy the weights of the HF checkpoint at ``path`` into ``policy`` in place."""
-    policy.load_state_dict(model.load_model(path, local_files_only=True)[0].state_dict())
+    policy.load_state_dict(AutoModelForCausalLM.from_pretrained(path).state_dict())
 
 
 def checkpoints(out_dir):

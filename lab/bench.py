@@ -17,6 +17,7 @@ spans, mixed rewards), because an untrained model writes no actions for the teac
 Warm-up first, then the median of ``--repeats`` timed runs. The last line prints the ratios.
 """
 import argparse
+import contextlib
 import copy
 import json
 import os
@@ -47,14 +48,22 @@ def timed(fn, repeats):
     return statistics.median(times), out
 
 
+@contextlib.contextmanager
+def fixed_batch(world, batch):
+    """A context in which train.rl_step trains on ``batch`` from ``world`` instead of drawing a
+    world and rolling out: what is timed or measured is the update alone."""
+    with mock.patch.object(train, "step_world", lambda cfg, step: world), \
+            mock.patch.object(train.model, "rollout", lambda *args, **kwargs: batch):
+        yield
+
+
 def update_seconds(cfg, policy, tok, batch, world, repeats):
     """(median seconds, metrics) of train.rl_step on a fixed batch: its world and rollout are
     replaced by ``world`` and ``batch``, so what is timed is the update alone."""
     reference = copy.deepcopy(policy).eval().requires_grad_(False)
     policy = copy.deepcopy(policy)          # the same starting weights for every method
     optimizer = torch.optim.AdamW(policy.parameters(), lr=cfg["LR"])
-    with mock.patch.object(train, "step_world", lambda cfg, step: world), \
-            mock.patch.object(train.model, "rollout", lambda *args, **kwargs: batch):
+    with fixed_batch(world, batch):
         seconds, (metrics, record) = timed(
             lambda: train.rl_step(cfg, 0, policy, reference, tok, optimizer), repeats)
     return seconds, dict(metrics, **train.measure_beside(cfg, record))

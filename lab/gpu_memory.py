@@ -14,7 +14,6 @@ import random
 import resource
 import sys
 import time
-from unittest import mock
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
@@ -27,6 +26,7 @@ import model  # noqa: E402
 import runs  # noqa: E402
 import toy_world  # noqa: E402
 import train  # noqa: E402
+from lab import bench  # noqa: E402
 
 # Qwen2.5's config.json values (Qwen2.5-0.5B-Instruct, Qwen2.5-1.5B-Instruct), so the memory part
 # builds the exact shapes at random with no download. ``tiny`` is the dry mode's stand-in.
@@ -110,10 +110,8 @@ def probe_memory(shape, checkpointing, dry, path):
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()
     seconds = []
-    # train.rl_step itself, its world and rollout replaced by the worst-case batch (as lab/bench.py
-    # does).
-    with mock.patch.object(train, "step_world", lambda cfg, step: world), \
-            mock.patch.object(train.model, "rollout", lambda *args, **kwargs: batch):
+    # train.rl_step itself, its world and rollout replaced by the worst-case batch.
+    with bench.fixed_batch(world, batch):
         for _ in range(2):
             t0 = time.perf_counter()
             metrics, record = train.rl_step(cfg, 0, lm, ref, tok, opt)
