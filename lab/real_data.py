@@ -7,9 +7,11 @@ A dataset becomes what the toy world is to the rest of the code: a ``RealWorld``
 questions, hands ``SearchEnv`` each question's retriever and EviSD's teacher its evidence.
 DATA's formats, read as distributed: ``hotpotqa``/``2wiki`` (a JSON list; each question's own
 paragraphs are its corpus), ``musique`` (JSONL), ``jsonl`` (Search-R1 / FlashRAG questions over
-CORPUS, wiki-18's ``{"id", "contents"}`` lines, or RETRIEVER_URL). EVIDENCE: ``supporting``
-paragraphs; ``answer_passages``, those the question retrieves that hold a golden answer;
-``answer_only``, none; ``auto``, supporting where a question has them, else answer_passages.
+CORPUS, wiki-18's ``{"id", "contents"}`` lines, or RETRIEVER_URL). EVIDENCE, what the teacher
+reads before a search: ``sentences``, the supporting sentences (at most two documents × two
+sentences, as EviSD's paper); ``paragraphs``, the whole supporting paragraphs; ``answer_passages``,
+those the question retrieves that hold a golden answer; ``answer_only``, none; ``auto``, the
+first of sentences, paragraphs and answer_passages that a question has.
 """
 import dataclasses
 import http.client
@@ -17,6 +19,7 @@ import json
 import math
 import os
 import random
+import re
 import time
 import urllib.error
 import urllib.request
@@ -39,6 +42,11 @@ OWN_CORPORA_KEPT = 4096
 SERVER_TIMEOUT_S = 60.0
 SERVER_ATTEMPTS = 5
 SERVER_BACKOFF_S = 2.0
+# The teacher's evidence before a search (RealWorld.evidence_docs): EVIDENCE's values, and the
+# paper's budget for "sentences": at most EVIDENCE_DOCS documents × EVIDENCE_SENTENCES sentences.
+EVIDENCE_RULES = ("auto", "sentences", "paragraphs", "answer_passages", "answer_only")
+EVIDENCE_DOCS = 2
+EVIDENCE_SENTENCES = 2
 
 
 class DataError(SystemExit):
@@ -53,6 +61,8 @@ class RetrieverError(DataError, search_env.RetrieverError):
 @dataclass
 class RealQuestion(search_env.Question):
     support: list = field(default_factory=list)        # the data's supporting paragraphs (Docs)
+    # the teacher's supporting sentences: Docs of at most 2 sentences, at most 2 of them
+    sentences: list = field(default_factory=list)
     # the question's own paragraphs (HotpotQA, 2Wiki, MuSiQue)
     context: list = field(default_factory=list)
     # entities of the chain before its last hop, where the data tells
@@ -160,20 +170,67 @@ def read_hotpotqa(path, corpus=None):
                 raise DataError(f"{where}: context[{i}] is not a [title, [sentences]] pair")
             # Sentences carry their own leading spaces; squeeze what is left.
             docs.append(Doc(f"{qid}:{i}", par[0], " ".join("".join(map(str, par[1])).split())))
-        by_title, support = {d.title: d for d in docs}, []
+        by_title, support, facts = {d.title: i for i, d in enumerate(docs)}, [], []
         for fact in _field(row, "supporting_facts", where, list):
             title = fact[0] if isinstance(fact, list) and fact else fact
             if title not in by_title:
                 raise DataError(
                     f"{where}: supporting fact {title!r} names no paragraph of its context")
-            if by_title[title] not in support:
-                support.append(by_title[title])
+            if docs[by_title[title]] not in support:
+                support.append(docs[by_title[title]])
+            facts.append((by_title[title], fact[1] if isinstance(fact, list) and len(fact) > 1
+                          else None))
         answer = _field(row, "answer", where)
         questions.append(RealQuestion(qid, _field(row, "question", where), [answer],
                                       [d.id for d in support], max(1, len(support)),
                                       support=support, context=docs,
+                                      sentences=_fact_sentences(facts, docs, context),
                                       intermediates=_intermediates(row, support, answer)))
     return questions
+
+
+def _fact_sentences(facts, docs, context):
+    """The teacher's evidence from HotpotQA's (and 2Wiki's) ``supporting_facts``, (paragraph,
+    sentence id) pairs: the first EVIDENCE_DOCS paragraphs in supporting_facts order, each a Doc
+    with its id and title and, as text, its first EVIDENCE_SENTENCES supporting sentences in
+    supporting_facts order, written in the paragraph's order. A sentence id that is not a whole
+    number in range (a few released examples point past their paragraph's end) is skipped; a
+    paragraph left with none gives no Doc, and the next one counts instead."""
+    chosen = {}   # paragraph index -> its sentence ids, both in supporting_facts order
+    for k, i in facts:
+        ids = chosen.setdefault(k, [])
+        in_range = type(i) is int and 0 <= i < len(context[k][1])
+        if in_range and i not in ids and len(ids) < EVIDENCE_SENTENCES:
+            ids.append(i)
+    picked = [(k, ids) for k, ids in chosen.items() if ids][:EVIDENCE_DOCS]
+    return [Doc(docs[k].id, docs[k].title, _join(context[k][1][i] for i in sorted(ids)))
+            for k, ids in picked]
+
+
+def _join(sentences):
+    return " ".join(" ".join(map(str, sentences)).split())
+
+
+# a word ending in "." after which no sentence ends ("St. Louis"); initials ("J.", "U.S.") too
+ABBREVIATIONS = {"mr", "mrs", "ms", "dr", "prof", "st", "mt", "ft", "jr", "sr", "gen", "col", "lt",
+                 "capt", "sgt", "rev", "gov", "sen", "rep", "inc", "ltd", "co", "corp", "vs", "etc",
+                 "jan", "feb", "mar", "apr", "aug", "sept", "sep", "oct", "nov", "dec", "approx"}
+
+
+def split_sentences(text):
+    """A paragraph's sentences, for MuSiQue, whose paragraphs come unsplit: a break after ".",
+    "!" or "?" (or one followed by a closing quote or bracket) and a space, unless the next word
+    starts in lower case or the word before is an initial or an abbreviation in ABBREVIATIONS.
+    Good enough to choose two sentences; not a parser."""
+    out = []
+    for piece in re.split(r"(?<=[.!?])\s+|(?<=[.!?][\"'”’)\]])\s+", text.strip()):
+        last = out[-1].split()[-1].lower() if out else ""
+        if out and (piece[:1].islower() or (last.endswith(".") and (
+                len(last) == 2 or "." in last[:-1] or last[:-1] in ABBREVIATIONS))):
+            out[-1] += " " + piece
+        elif piece:
+            out.append(piece)
+    return out
 
 
 def _intermediates(row, support, answer):
@@ -216,14 +273,47 @@ def read_musique(path, corpus=None):
         questions.append(RealQuestion(qid, _field(row, "question", where), answers,
                                       [d.id for d in support], max(1, len(steps), len(support)),
                                       support=support, context=docs,
+                                      sentences=_musique_sentences(pars, docs, steps),
                                       intermediates=[str(s["answer"]) for s in steps[:-1]
                                                      if s.get("answer")]))
     return questions
 
 
+def _musique_sentences(pars, docs, steps):
+    """The teacher's evidence from MuSiQue, which marks supporting paragraphs (``is_supporting``)
+    but no sentences; our reading: the first EVIDENCE_DOCS supporting paragraphs in the chain's
+    order (each decomposition step's ``paragraph_support_idx``, then any it does not name, in the
+    file's order), each cut to its first sentence and the first sentence that holds the step's
+    answer (whole words after normalisation), or its first EVIDENCE_SENTENCES where none does.
+    Not simply the first two sentences: MuSiQue's paragraphs come from single-hop datasets
+    (SQuAD, Natural Questions, T-REx, Zero-Shot RE) whose fact can sit anywhere in a paragraph.
+    Not the whole paragraph: the paper's budget is two sentences a document. The first sentence
+    names the paragraph's subject, as a Wikipedia lead does; the answer's holds the hop's fact."""
+    position = {p.get("idx", i): i for i, p in enumerate(pars)}   # steps name paragraphs by idx
+    supporting = [i for i, p in enumerate(pars) if p.get("is_supporting")]
+    chain = {}   # paragraph index -> its step's answer, in the chain's order
+    for s in steps:
+        idx = s.get("paragraph_support_idx")
+        k = position.get(idx) if type(idx) is int else None
+        if k in supporting and k not in chain:
+            chain[k] = str(s.get("answer") or "")
+    chain.update((k, "") for k in supporting if k not in chain)
+    out = []
+    for k, answer in list(chain.items())[:EVIDENCE_DOCS]:
+        sentences, answer = split_sentences(docs[k].text), normalize_answer(answer)
+        held = [i for i, x in enumerate(sentences)
+                if answer and f" {answer} " in f" {normalize_answer(x)} "]
+        ids = sorted({0, held[0]}) if held else range(min(EVIDENCE_SENTENCES, len(sentences)))
+        out.append(Doc(docs[k].id, docs[k].title, " ".join(sentences[i] for i in ids)))
+    return out
+
+
 def read_jsonl_questions(path, corpus=None):
     """Search-R1 / FlashRAG questions, with optional ``supporting_facts``/``evidence``: titles or
-    ids of CORPUS documents, resolved when the corpus is in memory (a server's cannot be)."""
+    ids of CORPUS documents, resolved when the corpus is in memory (a server's cannot be). A
+    ``[title, sentence id]`` fact uses the title only: a corpus passage (wiki-18's are 100-word
+    chunks) is not the paragraph HotpotQA's sentence ids count in, so these questions have
+    supporting paragraphs and no supporting sentences."""
     questions = []
     for n, row in _jsonl(path):
         where = f"{path}:{n}"
@@ -321,6 +411,9 @@ class RealWorld(search_env.World):
     """One split of a real dataset: its questions, each one's retriever, the teacher's evidence."""
 
     def __init__(self, questions, name, shared=None, evidence="auto", top_k=3):
+        if evidence not in EVIDENCE_RULES:
+            raise DataError(f"EVIDENCE={evidence!r}: allowed values are "
+                            f"{', '.join(EVIDENCE_RULES)}")
         super().__init__(docs=[], questions=questions)
         self.name, self.shared, self.rule, self.top_k = name, shared, evidence, top_k
         self._own, self._passages = {}, {}
@@ -336,9 +429,17 @@ class RealWorld(search_env.World):
         return self._own[question.qid]
 
     def evidence_docs(self, question):
-        rule = (self.rule if self.rule != "auto"
-                else "supporting" if question.support else "answer_passages")
-        if rule == "supporting":
+        """What EviSD's teacher reads before a search, by EVIDENCE (the module's docstring):
+        ``auto`` is the first of the supporting sentences (HotpotQA, 2Wiki, MuSiQue), the
+        supporting paragraphs (JSONL questions with ``supporting_facts``) and the answer
+        passages that the question has."""
+        rule = self.rule
+        if rule == "auto":
+            rule = ("sentences" if question.sentences else "paragraphs" if question.support
+                    else "answer_passages")
+        if rule == "sentences":
+            return question.sentences
+        if rule == "paragraphs":
             return question.support
         if rule == "answer_only":
             return []

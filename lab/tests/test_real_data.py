@@ -72,16 +72,21 @@ def test_hotpotqa_fixture_loads_with_its_own_paragraphs_as_corpus():
     assert dev_w.retriever(dev_w.questions[1]) is not own and dev_w.retriever(q) is own
     comparison = dev_w.questions[2]
     assert comparison.answers == ["Tessaly Mills"] and comparison.intermediates == []
-    assert dev_w.evidence_docs(q) == q.support
+    # auto: the supporting sentences, facts [The Lantern Keeper, 0] and [Rosa Milvane, 1]
+    assert dev_w.evidence_docs(q) == q.sentences == [
+        search_env.Doc("5ae0001dev:1", "The Lantern Keeper",
+                       "The Lantern Keeper is a 2001 drama film directed by Rosa Milvane."),
+        search_env.Doc("5ae0001dev:3", "Rosa Milvane",
+                       "She was born in Kessling and studied in San Temo.")]
 
 
 def test_2wiki_and_musique_fixtures_load():
     w = real_data.dataset(cfg(DATA="2wiki", DATA_DEV=f"{DATA}/2wiki_dev.json"), "dev")
-    compositional, comparison = w.questions
+    compositional, comparison, _ = w.questions
     assert compositional.answers == ["San Temo"] and compositional.intermediates == ["Ines Valdera"]
     assert len(compositional.support) == 2 and comparison.intermediates == []
     m = real_data.dataset(cfg(DATA="musique", DATA_DEV=f"{DATA}/musique_dev.jsonl"), "dev")
-    assert len(m.questions) == 1                          # the unanswerable question is left out
+    assert len(m.questions) == 2                          # the unanswerable question is left out
     q = m.questions[0]
     assert (q.answers == ["Minato Bay", "Minato"] and q.intermediates == ["Hana Ishiro"]
             and q.hops == 2)
@@ -125,6 +130,105 @@ def test_searchr1_jsonl_with_a_bm25_corpus_and_the_evidence_rules(standin):
     assert (untitled.title, untitled.text) == ("", "Evan Morris was a lobbyist.")
     assert (search_env.format_information([untitled])
             == "<information> Evan Morris was a lobbyist. </information>")
+
+
+# ------------------------------------------------------------------------- the teacher's evidence
+def texts(docs):
+    return [(d.title, d.text) for d in docs]
+
+
+def test_supporting_sentences_on_hotpotqa_and_2wiki():
+    """HotpotQA's and 2Wiki's supporting_facts name sentences: each chosen paragraph gives only
+    those, at most two, in the paragraph's order, under its title."""
+    hot = real_data.read_hotpotqa(f"{DATA}/hotpot_dev_distractor_v1.json")
+    # a comparison question: both facts are each paragraph's second sentence
+    assert texts(hot[2].sentences) == [("Delcast Foundry", "It was founded in 1848."),
+                                       ("Tessaly Mills", "It was founded in 1799.")]
+    assert (search_env.format_information(hot[2].sentences) == "<information> Delcast Foundry: "
+            "It was founded in 1848. Tessaly Mills: It was founded in 1799. </information>")
+    wiki = real_data.read_hotpotqa(f"{DATA}/2wiki_dev.json")
+    assert texts(wiki[0].sentences) == [
+        ("A Winter in Carrow", "A Winter in Carrow is a 1987 drama film directed by Ines Valdera."),
+        ("Ines Valdera", "She was born in San Temo and studied in Lussac.")]
+
+
+def test_sentences_are_capped_at_two_documents_of_two_sentences(tmp_path):
+    """2Wiki's bridge-comparison fixture has four supporting paragraphs: Glass Harbour's one id
+    points past its end (skipped, so the paragraph gives none), Tobias Renner's are 3, 1, 0, 1
+    (the first two distinct, 1 and 3, written in order), then Ferrous Sky's 0; Jonas Weltz, the
+    fourth, is over the cap. The paragraphs setting keeps all four, whole."""
+    q = real_data.read_hotpotqa(f"{DATA}/2wiki_dev.json")[2]
+    assert texts(q.sentences) == [
+        ("Tobias Renner", "He was born in 1969 in Ostrava Vale. He taught in Lussac."),
+        ("Ferrous Sky", "Ferrous Sky is a 2019 drama film directed by Jonas Weltz.")]
+    assert [d.id for d in q.sentences] == ["2w0003:2", "2w0003:3"]   # the paragraphs' own ids
+    assert [d.title for d in q.support] == ["Glass Harbour", "Tobias Renner", "Ferrous Sky",
+                                            "Jonas Weltz"] and q.hops == 4
+    assert q.support[1].text == ("Tobias Renner is a film director. He was born in 1969 in "
+                                 "Ostrava Vale. He studied in Kessling. He taught in Lussac.")
+    # ids that are no whole number in range are skipped; a paragraph left with none gives no Doc
+    row = dict(HOTPOT_ROW, context=[["T", ["a.", " b.", " c."]], ["U", ["u."]], ["V", ["v."]]],
+               supporting_facts=[["T", "1"], ["T", True], ["T", -1], ["T", 2], ["U", None],
+                                 ["V", 0]])
+    (tmp_path / "h.json").write_text(json.dumps([row]))
+    assert (texts(real_data.read_hotpotqa(str(tmp_path / "h.json"))[0].sentences)
+            == [("T", "c."), ("V", "v.")])
+
+
+def test_musique_sentences_follow_the_chain_and_the_hops_answers():
+    """MuSiQue marks supporting paragraphs, not sentences: the first two in the decomposition's
+    order (not the file's, which puts the third hop's first), each cut to its first sentence and
+    the first one naming the hop's answer, or to its first two where none does."""
+    one, three = real_data.read_musique(f"{DATA}/musique_dev.jsonl")
+    assert texts(one.sentences) == [
+        ("The Quiet Ferry", "The Quiet Ferry is a 1993 film directed by Hana Ishiro."),
+        ("Hana Ishiro", "Hana Ishiro was born in Minato Bay.")]
+    assert texts(three.sentences) == [
+        # the hop's answer, Jonas Weltz, is in no sentence ("J. Weltz"): the first two
+        ("Ferrous Sky",
+         "Ferrous Sky is a 2019 drama film. It was shot on a northern coast in forty days."),
+        # the first sentence and the one holding Lussac ("St." ends no sentence)
+        ("Jonas Weltz", "Jonas Weltz is a German film director. "
+                        "He was born in Lussac on St. Brigid's Day in 1984.")]
+    assert ([d.title for d in three.support]
+            == ["Lussac Observatory", "Ferrous Sky", "Jonas Weltz"] and three.hops == 3)
+    assert real_data.split_sentences('He met J. R. Tolkien. "Yes." she said. U.S. Army. Ok!') == [
+        "He met J. R. Tolkien.", '"Yes." she said.', "U.S. Army.", "Ok!"]
+
+
+def test_the_evidence_settings():
+    """auto = sentences where the data names them; paragraphs = the whole supporting paragraphs,
+    as before sentences existed; JSONL questions whose supporting facts are titles (or a title
+    and a sentence id: a corpus passage is not HotpotQA's paragraph) have paragraphs only."""
+    worlds = {rule: real_data.dataset(cfg(**HOTPOT, EVIDENCE=rule), "dev")
+              for rule in ("auto", "sentences", "paragraphs")}
+    for i in range(4):
+        q = worlds["auto"].questions[i]
+        assert (worlds["auto"].evidence_docs(q) == worlds["sentences"].evidence_docs(q)
+                == q.sentences and len(q.sentences) == 2)
+        assert worlds["paragraphs"].evidence_docs(q) == q.support
+    bridge = worlds["paragraphs"].questions[0]
+    assert texts(worlds["paragraphs"].evidence_docs(bridge)) == [
+        ("The Lantern Keeper", "The Lantern Keeper is a 2001 drama film directed by Rosa Milvane. "
+                               "It was shot on a northern coast in forty days."),
+        ("Rosa Milvane", "Rosa Milvane (born 1966) is a film director. "
+                         "She was born in Kessling and studied in San Temo.")]
+    m = real_data.dataset(cfg(DATA="musique", DATA_DEV=f"{DATA}/musique_dev.jsonl",
+                              EVIDENCE="paragraphs"), "dev")
+    assert [d.title for d in m.evidence_docs(m.questions[1])] == [
+        "Lussac Observatory", "Ferrous Sky", "Jonas Weltz"]
+    corpus = real_data.read_corpus(f"{DATA}/corpus.jsonl")
+    qs = real_data.read_jsonl_questions(f"{DATA}/questions.jsonl", corpus)
+    babbage = qs[2]                                      # supporting_facts [["Charles Babbage", 0]]
+    auto = real_data.RealWorld(qs, "dev", corpus, "auto")
+    assert (babbage.sentences == [] and auto.evidence_docs(babbage) == babbage.support
+            == [corpus.doc_by_id["3"]])
+    assert real_data.RealWorld(qs, "dev", corpus, "sentences").evidence_docs(babbage) == []
+    assert real_data.EVIDENCE_RULES == train.SCHEMA.choices["EVIDENCE"]
+    with pytest.raises(real_data.DataError,
+                       match=r"^EVIDENCE='supporting': allowed values are auto, sentences, "
+                             r"paragraphs, answer_passages, answer_only$"):
+        real_data.RealWorld(qs, "dev", corpus, "supporting")
 
 
 def test_f1_is_hotpotqas():
@@ -202,7 +306,11 @@ def test_bad_input_is_one_line_naming_file_and_line(tmp_path, reader, name, cont
      "both set: give one"),
     (["--DATA=squad"], r"^DATA='squad': allowed values are toy, hotpotqa, 2wiki, musique, jsonl$"),
     (["--DATA=hotpotqa", "--EVIDENCE=gold"],
-     r"^EVIDENCE='gold': allowed values are auto, supporting, answer_passages, answer_only$"),
+     r"^EVIDENCE='gold': allowed values are auto, sentences, paragraphs, answer_passages, "
+     r"answer_only$"),
+    # the whole paragraphs' old name
+    ([QWEN, "--SFT_STEPS=0", "--DATA=hotpotqa", "--EVIDENCE=supporting"],
+     r"^EVIDENCE='supporting': allowed values are auto, sentences, paragraphs, "),
 ])
 def test_data_settings_are_checked_before_any_work(args, message):
     with pytest.raises(SystemExit, match=message):
@@ -447,7 +555,7 @@ def scripted_rollout(lm, tok, envs, *args, **kwargs):
 def test_the_report_card_grades_the_teacher_on_hotpotqa_evidence(standin_dir, tmp_path,
                                                                  monkeypatch):
     """Groups that disagree (right/wrong) on HotpotQA: the EviSD step scores them with the
-    supporting paragraphs as evidence, and --credit labels every action from the data."""
+    supporting sentences as evidence, and --credit labels every action from the data."""
     monkeypatch.setattr(model, "rollout", scripted_rollout)
     out = str(tmp_path / "run")
     train.main(hotpot_args(standin_dir, out, "--RL_STEPS=1", "--EVAL_EVERY=0", "--MAX_TURNS=3",
