@@ -5,32 +5,37 @@ student's action tokens under a privileged, action-aligned context: the question
 evidence (formatted exactly like retrieved information) before each of its search actions, and
 the golden answer inside its answer action, after the opening <answer> tag. The detached gap
 between the two log-probs tells which action tokens the evidence makes more or less likely;
-it rescales the GRPO advantage of those tokens within [1 - eps, 1 + eps], never changing the
-sign the outcome reward chose (the RLSD form, arXiv 2604.03128):
+it corrects the GRPO advantage of the content tokens of those actions by at most lambda * |A|,
+so it never changes the sign the outcome reward chose and does nothing where A = 0:
 
-    g_t = stopgrad(log p_teacher(y_t) - log p_student(y_t))     on action-span tokens
-    w_t = clip(exp(sign(A) * g_t), 1 - eps, 1 + eps)
-    Â_t = A * w_t
+    delta_t = stopgrad(log p_teacher(y_t) - log p_student(y_t))
+    Â_t     = A + lambda * |A| * m_t * tanh(tau * delta_t)        lambda = 0.2, tau = 5
 
-Thinking tokens keep A; retrieved information and the prompt are never trained on. Nothing
-changes at inference time: the teacher exists only inside a training step.
+m_t is 1 on the content tokens of generated search and answer actions (the query, the answer);
+their tags, the thinking and the retrieved information keep the plain A (the last is never
+trained on). This is the EviSD paper's rule (arXiv 2608.01359) as a detailed public summary of
+it gives it, with its defaults; we have not seen the paper's own equation. Nothing changes at
+inference time: the teacher exists only inside a training step. Its peers' rules, which turn
+the same gap into credit in other forms (RLSD, OPSD, SDAR, SD-Search, BiCAA), are in the lab:
+lab/peers.py.
 
 The paper leaves three choices open; ``Settings`` names them (train.py's EVIDENCE_AT,
-ANSWER_AT, EVISD_SPAN) and lab/results/results-v2.md measures each: the evidence block before
-every search or once before the first; the answer block after the opening <answer> tag (it
-informs only the answer's content) or before it (it also informs the decision to answer, and
-approves answering too early); and whether the opening tag itself, the decision to search or
-to answer, is corrected or keeps the plain A.
+ANSWER_AT, EVISD_SPAN) and lab/results/results-v2.md measures the first two: the evidence
+block before every search or once before the first; the answer block after the opening
+<answer> tag (it informs only the answer's content) or before it (it also informs the decision
+to answer, and approves answering too early); and whether the tags (the decision to search or
+to answer) are corrected too, as this code did before the paper's rule (benchmarks v1-v3).
 
 Reading order: ``corrected_advantages`` (what train.rl_step calls), then the teacher's context
-(``insert_privileged``, ``teacher_logprobs``), then the formula (``bounded_correction``).
+(``insert_privileged``, ``teacher_logprobs``), then the formula (``evisd_correction``).
 """
 from dataclasses import dataclass
 
 import torch
 
-from model import KIND_IDS, Transcript, tag_length, token_logprobs
-from search_env import INFO, INFO_END, format_information
+from model import KIND_IDS, Transcript, tag_length, token_at, token_logprobs
+from search_env import (ANSWER, ANSWER_END, INFO, INFO_END, SEARCH, SEARCH_END,
+                        format_information)
 
 
 @dataclass(frozen=True)
@@ -41,10 +46,9 @@ class Settings:
     answer: bool = True          # golden answer before the answer action (USE_ANSWER_PRIVILEGE)
     evidence_at: str = "every"   # "every": a block before each search | "first": once, before it
     answer_at: str = "content"   # "content": right after the opening <answer> | "tag": before it
-    span: str = "action"         # "action": tag and content corrected | "content": the tag keeps A
-    eps: float = 0.2             # w in [1 - eps, 1 + eps] (EVISD_EPS)
-    tau: float = 0.0             # |g| below this counts as no signal (EVISD_TAU)
-    bounded: bool = True         # False: no clip (BOUNDED, an ablation)
+    span: str = "content"        # "content": query/answer tokens | "action": with both tags
+    lam: float = 0.2             # the correction's bound, as a fraction of |A| (EVISD_LAMBDA)
+    tau: float = 5.0             # the gap's scale inside tanh (EVISD_TAU)
     temperature: float = 1.0     # the teacher scores at the sampling temperature (TEMPERATURE)
 
 
@@ -60,9 +64,9 @@ def corrected_advantages(policy, tokenizer, world, rollouts, adv, student_logp, 
     teacher_logp = teacher_logprobs(policy, tokenizer, world, rollouts, student_logp, rows,
                                     settings)
     device = adv.device
-    token_adv = bounded_correction(adv, teacher_logp - student_logp, rollouts.gen_mask.to(device),
-                                   correction_mask(rollouts, tokenizer, settings).to(device),
-                                   settings.eps, settings.tau, settings.bounded)
+    token_adv = evisd_correction(adv, teacher_logp - student_logp, rollouts.gen_mask.to(device),
+                                 correction_mask(rollouts, tokenizer, settings).to(device),
+                                 settings.lam, settings.tau)
     return token_adv, teacher_logp
 
 
@@ -200,10 +204,22 @@ def teacher_logprobs(policy, tokenizer, world, rollouts, student_logp, rows, set
 
 
 # ----------------------------------------------------------------------------- the correction
+def content_range(tokenizer, span_ids, kind):
+    """(first, end) token offsets of an action span's content, between its opening tag and its
+    closing tag: the query of a search, the answer of an answer. A token holding part of a tag
+    counts as the tag's (model.tag_length); a span cut before its closing tag runs to its end."""
+    first = tag_length(tokenizer, span_ids, kind)
+    closing = SEARCH_END if kind == "search" else ANSWER_END
+    text = tokenizer.decode(span_ids)
+    at = text.find(closing, text.index(SEARCH if kind == "search" else ANSWER))
+    end = token_at(tokenizer, span_ids, at) if at >= 0 else len(span_ids)
+    return first, max(first, end)
+
+
 def correction_mask(rollouts, tokenizer, settings):
-    """[N, T] bool: the generated tokens whose advantage the gap may correct, the action spans of
-    the privileged kinds; with span="content", less each span's decision tag, the tokens that
-    complete its opening tag (model.tag_length, as the rollout finds spans)."""
+    """m [N, T] bool: the generated tokens whose advantage the gap may correct. The action spans
+    of the privileged kinds, opening tag to closing tag, with span="action"; with span="content"
+    (the paper's), only the tokens between the tags (``content_range``)."""
     kind = rollouts.action_kind
     mask = torch.zeros_like(rollouts.gen_mask, dtype=torch.bool)
     if settings.evidence:
@@ -212,38 +228,39 @@ def correction_mask(rollouts, tokenizer, settings):
         mask |= kind == KIND_IDS["answer"]
     mask &= rollouts.gen_mask.bool()
     if settings.span == "content":
+        content = torch.zeros_like(mask)
         for i, spans in enumerate(rollouts.spans):
             for start, end, name, _ in spans:
                 if name in KIND_IDS:
-                    ids = rollouts.input_ids[i, start:end].tolist()
-                    mask[i, start:start + tag_length(tokenizer, ids, name)] = False
+                    first, last = content_range(tokenizer,
+                                                rollouts.input_ids[i, start:end].tolist(), name)
+                    content[i, start + first:start + last] = True
+        mask &= content
     return mask
 
 
 @torch.no_grad()
-def bounded_correction(adv, gap, gen_mask, mask, eps=0.2, tau=0.0, bounded=True):
-    """Per-token advantages Â [N, T] from sequence advantages and the teacher-student gap.
+def evisd_correction(adv, gap, gen_mask, mask, lam=0.2, tau=5.0):
+    """EviSD's per-token advantages Â [N, T] from sequence advantages and the teacher's gap.
 
-    adv [N]; gap = logp_teacher - logp_student, gen_mask, mask [N, T]. Where ``mask`` is set:
-        w = clip(exp(sign(A) g), 1 - eps, 1 + eps);   Â = A w
-    with |g| < tau counted as no signal (w = 1) and bounded=False dropping the clip. Every other
-    generated token gets the plain A, every token off gen_mask 0. No gradient flows through Â.
+    adv [N]; gap = logp_teacher - logp_student, gen_mask, mask (m) [N, T]. On generated tokens:
+        Â = A + lam * |A| * m * tanh(tau * gap)
+    so |Â - A| <= lam * |A|: the sign of A survives for lam < 1, A = 0 gives Â = 0, and a
+    large gap saturates instead of dominating (tanh(5 * 0.2) = 0.76 already). Tokens off
+    gen_mask get 0. No gradient flows through Â (the gap is detached).
     """
     A = adv.detach().float()[:, None].expand_as(gap)                  # [N, T]
-    gap = gap.detach().float()                                        # [N, T]
-    w = torch.exp(torch.sign(A) * gap)
-    if bounded:
-        w = w.clamp(1.0 - eps, 1.0 + eps)
-    w = torch.where(mask.bool() & (gap.abs() >= tau), w, torch.ones_like(w))
-    return torch.where(gen_mask.bool(), A * w, torch.zeros_like(A))   # [N, T]
+    correction = lam * A.abs() * mask.float() * torch.tanh(tau * gap.detach().float())
+    return torch.where(gen_mask.bool(), A + correction, torch.zeros_like(A))   # [N, T]
 
 
 # ----------------------------------------------------------------------------- what it did
 @torch.no_grad()
 def gap_stats(adv, gap, token_adv, gen_mask, action_kind):
-    """What the correction did on a batch, for the training log: the fraction of generated tokens
-    whose advantage it changed and, per action kind, the mean and max |g|, the mean w = Â / A,
-    and the mean g on episodes with A > 0 and with A < 0."""
+    """What a correction did on a batch, for the training log: the fraction of generated tokens
+    whose advantage it changed and, per action kind, the mean and max |g|, the mean w = Â / A
+    (EviSD: 1 + lambda * tanh(tau * g) * sign(A) on content tokens), and the mean g on episodes
+    with A > 0 and with A < 0."""
     gen = gen_mask.bool()
     A = adv.float()[:, None].expand_as(token_adv)
     w = torch.where(A != 0, token_adv / torch.where(A == 0, 1.0, A), torch.ones_like(A))

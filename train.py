@@ -36,7 +36,8 @@ from runs import above, at_least, fraction
 # ----------------------------------------------------------------------------- config
 # model and method
 MODEL = "tiny"               # "tiny" | "small" | "base" (embedded, built offline) or an HF name
-METHOD = "evisd"             # "evisd" | "grpo"
+METHOD = "evisd"             # "evisd" | "grpo", or a peer's rule from lab/peers.py: "rlsd" |
+                             # "opsd" | "sdar" | "sd_search" | "bicaa"
 SEED = 0
 PREV_TOKEN_INIT = 6.0        # embedded model: layer 0's first head starts this sharp a
                              # previous-token head (0: off)
@@ -74,22 +75,23 @@ PPO_EPOCHS = 1               # with 1, the ratio is exactly 1 and the clip never
 GRAD_CLIP = 1.0
 MAX_NEW_TOKENS = 48          # per turn
 TEMPERATURE = 0.5            # rollouts; the tiny model's sampled reward is 0.12 at 1.0, 0.30 at 0.5
-# EviSD (evisd.py)
-EVISD_EPS = 0.2              # w in [1 - eps, 1 + eps]
-EVISD_TAU = 0.0              # |gap| below this is treated as no signal
+# EviSD (evisd.py): Â = A + lambda * |A| * m * tanh(tau * gap), the paper's defaults
+EVISD_LAMBDA = 0.2           # the correction's bound as a fraction of |A| (< 1: no sign flip)
+EVISD_TAU = 5.0              # the gap's scale inside tanh
 USE_SEARCH_EVIDENCE = True   # gold evidence before search actions
 USE_ANSWER_PRIVILEGE = True  # golden answer before the answer action
 EVIDENCE_AT = "every"        # "every": evidence before each search | "first": once, before it
 ANSWER_AT = "content"        # "content": answer block after the opening <answer> | "tag": before it
-EVISD_SPAN = "action"        # "action": tag and content corrected | "content": the tag keeps A
-BOUNDED = True               # False: drop the clip (ablation)
+EVISD_SPAN = "content"       # m: "content": query/answer tokens (the paper) | "action": and tags
 # real data, in the lab (lab/real_data.py, docs/real-data.md): "toy" is the world above
 DATA = "toy"                 # "toy" | "hotpotqa" | "2wiki" | "musique" | "jsonl" (Search-R1's)
 DATA_TRAIN = ""              # RL questions: hotpot_train_v1.1.json, nq/train.jsonl, ...
 DATA_DEV = ""                # what evaluate.py scores: hotpot_dev_distractor_v1.json, ...
 CORPUS = ""                  # {"id", "contents"} JSONL, BM25 in memory ("": own paragraphs)
 RETRIEVER_URL = ""           # or Search-R1's retrieval server, http://127.0.0.1:8000/retrieve
-EVIDENCE = "auto"            # auto | supporting | answer_passages | answer_only
+EVIDENCE = "auto"            # the teacher's: "sentences" (supporting, <= 2 docs x 2) |
+                             # "paragraphs" | "answer_passages" | "answer_only" | "auto":
+                             # sentences, else paragraphs, else answer_passages
 # evaluation and I/O
 EVAL_EVERY = 20
 EVAL_QUESTIONS = 50          # per held-out split
@@ -109,6 +111,9 @@ DEFAULTS = {k: globals()[k] for k in CONFIG_KEYS}
 # A checkpoint resumed under other values of these would be another experiment spliced onto this
 # one, so --resume refuses; any other setting (RL_STEPS, EVAL_EVERY, DEVICE, ...) may change.
 RUN_KEYS = warmup.KEYS + ("METHOD", "FRESH_WORLDS")
+# The peers' credit rules (lab/peers.py), for comparison: each turns the same teacher's gap into
+# credit in its paper's form.
+PEERS = ("rlsd", "opsd", "sdar", "sd_search", "bicaa")
 
 
 def check_data(cfg):
@@ -119,13 +124,14 @@ def check_data(cfg):
 
 
 SCHEMA = runs.Schema(
-    choices={"METHOD": ("evisd", "grpo"), "EVIDENCE_AT": ("first", "every"),
+    choices={"METHOD": ("evisd", "grpo") + PEERS, "EVIDENCE_AT": ("first", "every"),
              "ANSWER_AT": ("tag", "content"), "EVISD_SPAN": ("action", "content"),
              "DTYPE": ("auto", "float32", "bfloat16", "float16"),
              "DATA": ("toy", "hotpotqa", "2wiki", "musique", "jsonl"),
-             "EVIDENCE": ("auto", "supporting", "answer_passages", "answer_only")},
-    # Every number's range, checked before any work starts (EVISD_EPS <= 1: beyond, 1 - eps < 0
-    # clips nothing; SEED: what torch.manual_seed takes).
+             "EVIDENCE": ("auto", "sentences", "paragraphs", "answer_passages",
+                          "answer_only")},
+    # Every number's range, checked before any work starts (EVISD_LAMBDA < 1: at 1, a token's
+    # advantage could reach 0 and beyond it flip sign; SEED: what torch.manual_seed takes).
     limits={"SEED": ((lambda v: 0 <= v < 2**63), ">= 0 and < 2^63"),
             "PREV_TOKEN_INIT": at_least(0), "WORLD_SCALE": above(0), "TOP_K": at_least(1),
             "MAX_TURNS": at_least(1), "SFT_STEPS": at_least(0), "SFT_BATCH": at_least(1),
@@ -136,7 +142,7 @@ SCHEMA = runs.Schema(
             "QUESTIONS_PER_STEP": at_least(1), "GROUP_SIZE": at_least(2), "LR": above(0),
             "KL_COEF": at_least(0), "CLIP_EPS": above(0), "PPO_EPOCHS": at_least(1),
             "GRAD_CLIP": above(0), "MAX_NEW_TOKENS": at_least(1), "TEMPERATURE": above(0),
-            "EVISD_EPS": ((lambda v: 0 < v <= 1), "> 0 and <= 1"), "EVISD_TAU": at_least(0),
+            "EVISD_LAMBDA": ((lambda v: 0 <= v < 1), ">= 0 and < 1"), "EVISD_TAU": above(0),
             "EVAL_EVERY": at_least(0), "EVAL_QUESTIONS": at_least(1), "EVAL_SEED": at_least(1),
             "VALIDATION_WORLDS": at_least(1), "CKPT_EVERY": at_least(0),
             "MAX_BAD_STEPS": at_least(1)},
@@ -156,8 +162,8 @@ def evisd_settings(cfg):
     """The EviSD block of the config as evisd.Settings."""
     return evisd.Settings(evidence=cfg["USE_SEARCH_EVIDENCE"], answer=cfg["USE_ANSWER_PRIVILEGE"],
                           evidence_at=cfg["EVIDENCE_AT"], answer_at=cfg["ANSWER_AT"],
-                          span=cfg["EVISD_SPAN"], eps=cfg["EVISD_EPS"], tau=cfg["EVISD_TAU"],
-                          bounded=cfg["BOUNDED"], temperature=cfg["TEMPERATURE"])
+                          span=cfg["EVISD_SPAN"], lam=cfg["EVISD_LAMBDA"], tau=cfg["EVISD_TAU"],
+                          temperature=cfg["TEMPERATURE"])
 
 
 def step_world(cfg, step):
@@ -212,15 +218,20 @@ def rl_step(cfg, step, policy, reference, tokenizer, optimizer):
 
     # 4. Token advantages. GRPO: every generated token carries its episode's A. EviSD: the same
     #    policy re-scores the action tokens under the privileged context, and the gap corrects
-    #    A within bounds, never flipping its sign (evisd.py).
+    #    the A of their content tokens by at most 0.2 |A|, never flipping its sign (evisd.py).
     token_adv = adv[:, None] * gen_mask                                     # [N, T]
-    teacher_logp, t_teacher = old_logp, 0.0
+    teacher_logp, t_teacher, extra_loss = old_logp, 0.0, None
+    t1 = time.perf_counter()
     if cfg["METHOD"] == "evisd":
-        t1 = time.perf_counter()
         with model.autocast(device, dtype):
             token_adv, teacher_logp = evisd.corrected_advantages(
                 policy, tokenizer, world, r, adv, old_logp, evisd_settings(cfg))   # [N, T] each
-        t_teacher = time.perf_counter() - t1
+    elif cfg["METHOD"] in PEERS:   # the lab's comparison: the same gap, a peer's form of credit
+        peers = runs.lab("peers", f"METHOD={cfg['METHOD']!r}")
+        with model.autocast(device, dtype):
+            token_adv, teacher_logp, extra_loss = peers.credit(
+                cfg, step, policy, tokenizer, world, r, adv, old_logp)
+    t_teacher = time.perf_counter() - t1 if cfg["METHOD"] != "grpo" else 0.0
 
     # 5. Loss and 6. optimizer step, PPO_EPOCHS times over the batch (the first reuses logp).
     for epoch in range(cfg["PPO_EPOCHS"]):
@@ -230,6 +241,11 @@ def rl_step(cfg, step, policy, reference, tokenizer, optimizer):
                                             temperature=cfg["TEMPERATURE"])  # [N, T]
         loss, stats = grpo.policy_loss(logp, old_logp, ref_logp, token_adv, gen_mask,
                                        cfg["CLIP_EPS"], cfg["KL_COEF"])
+        if extra_loss is not None:     # SDAR, SD-Search: a distillation term beside it
+            with model.autocast(device, dtype):
+                extra = extra_loss(policy, logp)
+            loss = loss + extra
+            stats["extra_loss"] = extra.item()
         finite = torch.isfinite(loss.detach()).float()
         if world_size > 1:   # all ranks skip together, or the gradient all-reduce would hang
             dist.all_reduce(finite, op=dist.ReduceOp.MIN)
@@ -257,12 +273,12 @@ def rl_step(cfg, step, policy, reference, tokenizer, optimizer):
 def measure_beside(cfg, record):
     """What the loop logs about a step beyond its loss: the oracle's label shares (what the
     policy does: premature answers, partial searches, ...; lab/curves.py reads their speed)
-    and, for EviSD, the statistics of the teacher's gap."""
+    and, for EviSD and its peers, the statistics of the teacher's gap."""
     r, world = record["rollouts"], record["world"]
     labels = [world.oracle_labels(q, turns, cfg["TOP_K"])
               for q, turns in zip(r.questions, r.turn_texts)]
     out = toy_world.label_shares(labels)
-    if cfg["METHOD"] == "evisd":
+    if cfg["METHOD"] != "grpo":
         out.update(evisd.gap_stats(record["adv"], record["gap"], record["token_adv"],
                                    r.gen_mask.to(record["adv"].device),
                                    r.action_kind.to(record["adv"].device)))

@@ -147,10 +147,9 @@ VARIANT_OVERRIDES = [
     {"EVIDENCE_AT": "first"}, {"EVIDENCE_AT": "every"},
     {"ANSWER_AT": "tag"}, {"ANSWER_AT": "content"},
     {"EVIDENCE_AT": "first", "ANSWER_AT": "tag"}, {"EVIDENCE_AT": "every", "ANSWER_AT": "content"},
-    {"EVISD_SPAN": "content"},
-    {"EVISD_EPS": 0.1}, {"EVISD_EPS": 0.5},
+    {"EVISD_LAMBDA": 0.1}, {"EVISD_LAMBDA": 0.5}, {"EVISD_TAU": 1.0},
     {"USE_ANSWER_PRIVILEGE": False}, {"USE_SEARCH_EVIDENCE": False},
-    {"BOUNDED": False},
+    {"EVISD_SPAN": "action"},
 ]
 VARIANTS = {(", ".join(f"{k}={v}" for k, v in o.items()) or "as configured"): o
             for o in VARIANT_OVERRIDES}

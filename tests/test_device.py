@@ -80,9 +80,9 @@ def test_evisd_advantages_on_the_device_are_bounded_and_keep_the_sign(sampled, w
     gen, A = r.gen_mask.to(device).bool(), adv[:, None].expand_as(token_adv)
     assert (token_adv[~gen] == 0).all()
     ratio = token_adv[gen & (A != 0)] / A[gen & (A != 0)]
-    eps = cfg["EVISD_EPS"]
-    # bounded, never sign-flipped
-    assert ratio.min() >= 1 - eps - 1e-6 and ratio.max() <= 1 + eps + 1e-6
+    lam = cfg["EVISD_LAMBDA"]
+    # bounded by lambda |A|, never sign-flipped
+    assert ratio.min() >= 1 - lam - 1e-6 and ratio.max() <= 1 + lam + 1e-6
     assert stats["modulated_frac"] > 0 and torch.isfinite(lp_teacher).all()
 
 

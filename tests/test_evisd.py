@@ -1,4 +1,7 @@
-"""Tests for evisd.py: the bounded correction's signs, bounds and masks, and the teacher context."""
+"""Tests for evisd.py: the paper's correction (its equation, signs, bounds, masks) and the
+teacher context."""
+import math
+
 import pytest
 import torch
 
@@ -13,9 +16,9 @@ S, A_ = model.KIND_IDS["search"], model.KIND_IDS["answer"]
 FIRST_AND_BEFORE = evisd.Settings(evidence_at="first", answer_at="tag")
 
 
-def correct(adv, lp_s, lp_t, gen, kind, eps=0.2, tau=0.0, use_search=True, use_answer=True,
-            bounded=True, keep_mask=None):
-    """evisd.bounded_correction on the action spans of the kinds asked for (less ``keep_mask``),
+def correct(adv, lp_s, lp_t, gen, kind, lam=0.2, tau=5.0, use_search=True, use_answer=True,
+            keep_mask=None):
+    """evisd.evisd_correction on the action spans of the kinds asked for (less ``keep_mask``),
     as correction_mask selects them, and the gap statistics the training log keeps."""
     mask = torch.zeros_like(gen, dtype=torch.bool)
     if use_search:
@@ -25,7 +28,7 @@ def correct(adv, lp_s, lp_t, gen, kind, eps=0.2, tau=0.0, use_search=True, use_a
     mask &= gen.bool()
     if keep_mask is not None:
         mask &= ~keep_mask
-    out = evisd.bounded_correction(adv, lp_t - lp_s, gen, mask, eps, tau, bounded)
+    out = evisd.evisd_correction(adv, lp_t - lp_s, gen, mask, lam, tau)
     return out, evisd.gap_stats(adv.detach(), (lp_t - lp_s).detach(), out, gen, kind)
 
 
@@ -41,16 +44,38 @@ def _batch(seed=0):
     return kind, gen, info, lp_s, lp_t
 
 
+def paper_equation(A, delta, m, lam=0.2, tau=5.0):
+    """The EviSD paper's equation (as the summary gives it) transcribed literally, one token at a
+    time in plain Python floats: Â_t = A + λ·|A|·m_t·tanh(τ·δ_t)."""
+    return A + lam * abs(A) * m * math.tanh(tau * delta)
+
+
+@pytest.mark.parametrize("lam, tau", [(0.2, 5.0), (0.5, 1.0), (0.05, 20.0)])
+def test_matches_the_papers_equation_token_by_token(lam, tau):
+    kind, gen, _, lp_s, lp_t = _batch(seed=3)
+    adv = torch.tensor([1.3, -0.6])
+    out, _ = correct(adv, lp_s, lp_t, gen, kind, lam=lam, tau=tau)
+    for i in range(2):
+        for t in range(14):
+            if not gen[i, t]:
+                assert out[i, t].item() == 0.0
+                continue
+            m = float(kind[i, t] > 0)
+            delta = lp_t[i, t].item() - lp_s[i, t].item()
+            assert out[i, t].item() == pytest.approx(
+                paper_equation(adv[i].item(), delta, m, lam, tau), rel=1e-5, abs=1e-6)
+
+
 @pytest.mark.parametrize("A", [[1.5, -0.7], [-2.0, 0.3]])
 def test_sign_preserved_and_bounded(A):
     kind, gen, info, lp_s, lp_t = _batch()
+    lp_t = lp_t * 10                                              # large gaps: tanh saturates
     adv = torch.tensor(A)
-    out, stats = correct(adv, lp_s, lp_t, gen, kind, eps=0.2)
+    out, stats = correct(adv, lp_s, lp_t, gen, kind, lam=0.2)
     a = adv[:, None].expand_as(out)
     on = gen.bool()
     assert (torch.sign(out[on]) == torch.sign(a[on])).all()
-    assert ((out[on].abs() >= 0.8 * a[on].abs() - 1e-6)
-            & (out[on].abs() <= 1.2 * a[on].abs() + 1e-6)).all()
+    assert ((out[on] - a[on]).abs() <= 0.2 * a[on].abs() + 1e-6).all()
     assert (out[~on] == 0).all()                                  # prompt, info, padding
     assert (out[info.bool()] == 0).all()
     thinking = on & (kind == 0)
@@ -59,15 +84,18 @@ def test_sign_preserved_and_bounded(A):
                                                     / on.sum().item())
 
 
-def test_formula_on_one_token():
-    kind, gen, _, lp_s, lp_t = _batch()
+def test_the_direction_follows_the_teacher_whatever_the_sign_of_a():
+    """The teacher's preference (δ > 0) raises Â for A > 0 and moves it towards 0 for A < 0:
+    the action is reinforced more, or penalised less. Its dislike does the opposite."""
+    kind, gen, _, lp_s, _ = _batch()
     lp_t = lp_s.clone()
-    lp_t[0, 4] = lp_s[0, 4] + 0.1                                 # teacher likes this search token
-    # teacher dislikes this answer token
-    lp_t[1, 11] = lp_s[1, 11] - 0.05
-    out, _ = correct(torch.tensor([2.0, -1.0]), lp_s, lp_t, gen, kind, eps=0.2)
-    assert out[0, 4].item() == pytest.approx(2.0 * torch.exp(torch.tensor(0.1)).item(), rel=1e-5)
-    assert out[1, 11].item() == pytest.approx(-1.0 * torch.exp(torch.tensor(0.05)).item(), rel=1e-5)
+    lp_t[:, 4] += 0.1                                              # teacher likes the search
+    lp_t[:, 11] -= 0.1                                             # and dislikes the answer
+    adv = torch.tensor([2.0, -1.0])
+    out, _ = correct(adv, lp_s, lp_t, gen, kind)
+    assert out[0, 4] > 2.0 and -1.0 < out[1, 4] < 0               # liked: up, or less negative
+    assert 0 < out[0, 11] < 2.0 and out[1, 11] < -1.0             # disliked: less, or more negative
+    assert out[0, 4].item() == pytest.approx(2.0 + 0.2 * 2.0 * math.tanh(0.5), rel=1e-5)
 
 
 def test_zero_gap_is_plain_grpo_and_zero_advantage_is_zero():
@@ -80,7 +108,7 @@ def test_zero_gap_is_plain_grpo_and_zero_advantage_is_zero():
     assert (out == 0).all()
 
 
-def test_kind_switches_tau_and_unbounded():
+def test_kind_switches_and_lambda_zero():
     kind, gen, _, lp_s, lp_t = _batch()
     adv = torch.tensor([1.0, -1.0])
     plain = adv[:, None].expand(2, 14) * gen
@@ -89,14 +117,8 @@ def test_kind_switches_tau_and_unbounded():
     assert not torch.equal(out[kind == A_], plain[kind == A_])
     out, _ = correct(adv, lp_s, lp_t, gen, kind, use_answer=False)
     assert torch.equal(out[kind == A_], plain[kind == A_])
-    out, stats = correct(adv, lp_s, lp_t, gen, kind, tau=100.0)
+    out, stats = correct(adv, lp_s, lp_t, gen, kind, lam=0.0)
     assert torch.equal(out, plain) and stats["modulated_frac"] == 0
-    lp_t = lp_s + 2.0                                              # big gap: the clip matters
-    out, _ = correct(adv, lp_s, lp_t, gen, kind, bounded=True)
-    assert out[0, 4].item() == pytest.approx(1.2)
-    out, _ = correct(adv, lp_s, lp_t, gen, kind, bounded=False)
-    assert out[0, 4].item() == pytest.approx(torch.exp(torch.tensor(2.0)).item(), rel=1e-5)
-    assert out[1, 4].item() == pytest.approx(-torch.exp(torch.tensor(-2.0)).item(), rel=1e-5)
 
 
 def test_keep_mask_leaves_the_decision_tags_at_plain_a():
@@ -218,23 +240,29 @@ def test_evidence_before_every_search_and_answer_block_after_the_tag(setup):
     assert len(once.ids) == len(tr.ids) + len(ev) + len(ans)
 
 
-def test_decision_tags_mark_the_opening_tag_tokens(setup):
+def test_content_span_is_the_query_or_answer_between_the_tags(setup):
     tok, world, q, tr = setup
     b = model.collate([tr], tok.pad_token_id)
     r = model.Rollouts(**b, rewards=torch.tensor([1.0]), answers=[None], turns=torch.tensor([3]),
                        questions=[q])
-    # What span="content" leaves out of the correction: each action's decision tag.
-    tags = (evisd.correction_mask(r, tok, evisd.Settings())
-            & ~evisd.correction_mask(r, tok, evisd.Settings(span="content")))[0]
-    for s, e, k, _ in tr.spans:
-        if k in model.KIND_IDS:
-            n = int(tags[s:e].sum())
-            assert n >= 1 and tags[s:s + n].all()                  # a prefix of the span
-            opening = search_env.SEARCH if k == "search" else search_env.ANSWER
-            assert (opening in tok.decode(tr.ids[s:s + n])
-                    and opening not in tok.decode(tr.ids[s:s + n - 1]))
-    assert int(tags.sum()) == sum(model.tag_length(tok, tr.ids[s:e], k)
-                                  for s, e, k, _ in tr.spans if k in model.KIND_IDS)
+    content = evisd.correction_mask(r, tok, evisd.Settings())[0]        # the paper's m
+    action = evisd.correction_mask(r, tok, evisd.Settings(span="action"))[0]
+    assert (content <= action).all() and content.sum() < action.sum()
+    for s, e, k, turn in tr.spans:
+        if k not in model.KIND_IDS:
+            continue
+        inside = content[s:e].nonzero().squeeze(1)
+        first, last = int(inside[0]), int(inside[-1]) + 1
+        assert content[s + first:s + last].all()                     # one run of tokens
+        opening, closing = ((search_env.SEARCH, search_env.SEARCH_END) if k == "search"
+                            else (search_env.ANSWER, search_env.ANSWER_END))
+        # before it: the opening tag, completed by its last token; after it: the closing tag
+        assert tok.decode(tr.ids[s:s + first]).rstrip().endswith(opening)
+        assert closing in tok.decode(tr.ids[s + last:e])
+        assert closing not in tok.decode(tr.ids[s:s + last])
+        assert first == model.tag_length(tok, tr.ids[s:e], k)
+        action_text = search_env.parse_action(tok.decode(tr.ids[s:e])).content
+        assert tok.decode(tr.ids[s + first:s + last]).strip() == action_text
 
 
 def test_teacher_logprobs_align_with_a_manual_forward(setup):
@@ -306,15 +334,15 @@ def test_corrected_advantages_is_the_teacher_then_the_correction(setup):
     with torch.no_grad():
         lp_s = model.token_logprobs(lm, r.input_ids, r.attention_mask, r.gen_mask)
     cfg = dict(METHOD="evisd", USE_SEARCH_EVIDENCE=True, USE_ANSWER_PRIVILEGE=True,
-               EVIDENCE_AT="every", ANSWER_AT="content", EVISD_SPAN="content", EVISD_EPS=0.5,
-               EVISD_TAU=0.0, BOUNDED=True, TEMPERATURE=1.0)
+               EVIDENCE_AT="every", ANSWER_AT="content", EVISD_SPAN="content",
+               EVISD_LAMBDA=0.5, EVISD_TAU=2.0, TEMPERATURE=1.0)
     settings = train.evisd_settings(cfg)
     token_adv, lp_t = evisd.corrected_advantages(lm, tok, world, r, adv, lp_s, settings)
     expected_t = evisd.teacher_logprobs(lm, tok, world, r, lp_s, [0, 1], settings)
     assert torch.allclose(lp_t, expected_t) and torch.equal(lp_t[2:], lp_s[2:])
-    tags = (evisd.correction_mask(r, tok, evisd.Settings())
+    tags = (evisd.correction_mask(r, tok, evisd.Settings(span="action"))
             & ~evisd.correction_mask(r, tok, settings))
-    expected, _ = correct(adv, lp_s, expected_t, r.gen_mask, r.action_kind, eps=0.5,
+    expected, _ = correct(adv, lp_s, expected_t, r.gen_mask, r.action_kind, lam=0.5, tau=2.0,
                           keep_mask=tags)
     assert torch.allclose(token_adv, expected)
     assert torch.equal(token_adv[tags], adv[:, None].expand_as(token_adv)[tags])   # the tags keep A

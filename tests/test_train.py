@@ -40,10 +40,10 @@ def strip_timing(rs):
 
 @pytest.mark.parametrize("arg, message", [
     ("--NOPE=1", "unknown setting 'NOPE'; allowed: .*METHOD"),
-    ("--METHOD=ppo", "allowed values are evisd, grpo"),
+    ("--METHOD=ppo", "allowed values are evisd, grpo, rlsd, opsd"),
     ("--RL_STEPS=1.5", "expected int"),
     ("--LR=fast", "expected float"),
-    ("--BOUNDED=1", "expected bool"),
+    ("--USE_SEARCH_EVIDENCE=1", "expected bool"),
     ("--DEVICE=tpu", "allowed values are auto, cpu, cuda"),
     ("--GROUP_SIZE=1", "GROUP_SIZE=1: allowed values are >= 2"),
     # Every number's range, before any work starts (each of these once ran minutes, or crashed).
@@ -53,7 +53,8 @@ def strip_timing(rs):
     ("--QUESTIONS_PER_STEP=0", "^QUESTIONS_PER_STEP=0: allowed values are >= 1$"),
     ("--TEMPERATURE=0", "^TEMPERATURE=0.0: allowed values are > 0$"),
     ("--MAX_NEW_TOKENS=0", "^MAX_NEW_TOKENS=0: allowed values are >= 1$"),
-    ("--EVISD_EPS=1.5", "^EVISD_EPS=1.5: allowed values are > 0 and <= 1$"),
+    ("--EVISD_LAMBDA=1", "^EVISD_LAMBDA=1.0: allowed values are >= 0 and < 1$"),
+    ("--EVISD_TAU=0", "^EVISD_TAU=0.0: allowed values are > 0$"),
     ("--LR=-0.5", r"^LR=-0.5: allowed values are > 0 \(or auto\)$"),
     ("--LR=fast", 'expected float like 0.0002 or "auto"'),
     ("--SFT_NOISE=2", "^SFT_NOISE=2.0: allowed values are from 0 to 1$"),
@@ -88,10 +89,12 @@ def test_presets_do_not_repeat_each_other():
 
 
 def test_overrides_parse_types():
-    cfg, resume, overwrite = train.configure(["--LR=1", "--METHOD=grpo", "--BOUNDED=False",
-                                              "--resume", "--OUT_DIR=out/x"])
+    cfg, resume, overwrite = train.configure(["--LR=1", "--METHOD=grpo",
+                                              "--USE_SEARCH_EVIDENCE=False", "--resume",
+                                              "--OUT_DIR=out/x"])
     assert cfg["LR"] == 1.0 and isinstance(cfg["LR"], float)
-    assert cfg["METHOD"] == "grpo" and cfg["BOUNDED"] is False and resume and not overwrite
+    assert cfg["METHOD"] == "grpo" and cfg["USE_SEARCH_EVIDENCE"] is False
+    assert resume and not overwrite
     assert cfg["OUT_DIR"] == "out/x" and cfg["SEED"] == DEFAULTS["SEED"]
 
 
@@ -109,9 +112,11 @@ def test_auto_learning_rates_depend_on_the_model():
 def test_config_file_then_overrides_in_order(tmp_path):
     path = tmp_path / "exp.py"
     path.write_text(
-        '"""An experiment."""\nMETHOD = "grpo"\nLR = 1e-5\nRL_STEPS = 3\nBOUNDED = False\n')
+        '"""An experiment."""\nMETHOD = "grpo"\nLR = 1e-5\nRL_STEPS = 3\n'
+        'USE_SEARCH_EVIDENCE = False\n')
     cfg, _, _ = train.configure([str(path), "--RL_STEPS=5"])
-    assert (cfg["METHOD"], cfg["LR"], cfg["RL_STEPS"], cfg["BOUNDED"]) == ("grpo", 1e-5, 5, False)
+    assert ((cfg["METHOD"], cfg["LR"], cfg["RL_STEPS"], cfg["USE_SEARCH_EVIDENCE"])
+            == ("grpo", 1e-5, 5, False))
     cfg, _, _ = train.configure(["--RL_STEPS=5", str(path)])
     assert cfg["RL_STEPS"] == 3                                   # the later argument wins
 
