@@ -1,0 +1,191 @@
+"""Tests for lab/peers.py: each peer's rule on hand-made tensors (signs, bounds, the A = 0 case,
+masks), and one step's credit for every METHOD on a tiny model."""
+import math
+
+import pytest
+import torch
+
+import grpo
+import model
+import toy_world
+import train
+from lab import peers
+
+#                    prompt think  search   info   think  answer pad
+GEN = torch.tensor([[0, 0, 1, 1, 1, 1, 1, 0, 0, 1, 1, 1, 1, 0]] * 2)
+M = torch.tensor([[0, 0, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 1, 0]] * 2).bool()   # content tokens
+
+
+def gaps(seed=0, scale=1.0):
+    torch.manual_seed(seed)
+    return (torch.randn(2, 14) * scale)
+
+
+def test_rlsd_is_the_multiplicative_clip():
+    gap = gaps(scale=3.0)
+    adv = torch.tensor([1.5, -0.5])
+    out = peers.rlsd_advantages(adv, gap, GEN, M, eps=0.2)
+    for i in range(2):
+        for t in range(14):
+            A = adv[i].item()
+            if not GEN[i, t]:
+                expected = 0.0
+            elif M[i, t]:
+                w = min(max(math.exp(math.copysign(1, A) * gap[i, t].item()), 0.8), 1.2)
+                expected = A * w
+            else:
+                expected = A
+            assert out[i, t].item() == pytest.approx(expected, rel=1e-5)
+    on = GEN.bool()
+    assert (torch.sign(out[on]) == torch.sign(adv[:, None].expand(2, 14)[on])).all()
+    assert (peers.rlsd_advantages(torch.zeros(2), gap, GEN, M) == 0).all()       # A = 0
+    # the authors' mix: halfway between plain A and the README's rule
+    half = peers.rlsd_advantages(adv, gap, GEN, M, mix=0.5)
+    plain = adv[:, None] * GEN
+    assert torch.allclose(half, (plain + out) / 2)
+
+
+def test_opsd_adds_the_gap_unbounded_and_acts_where_a_is_zero():
+    gap = gaps(1, scale=3.0)
+    adv = torch.tensor([0.3, 0.0])
+    out = peers.opsd_advantages(adv, gap, GEN, M, coef=1.0)
+    assert torch.allclose(out[M], (adv[:, None] + gap)[M])
+    off = GEN.bool() & ~M
+    assert torch.equal(out[off], adv[:, None].expand(2, 14)[off])
+    assert (out[~GEN.bool()] == 0).all()
+    assert (out[1][M[1]] != 0).all()                        # A = 0: the gap alone
+    big = torch.full((2, 14), -5.0)
+    assert (peers.opsd_advantages(adv, big, GEN, M)[0][M[0]] < 0).all()   # it flips A's sign
+
+
+def test_sdar_loss_value_and_gradient():
+    torch.manual_seed(2)
+    logp = (-torch.rand(2, 14) * 3).requires_grad_(True)
+    teacher = -torch.rand(2, 14) * 3
+    lam, beta = 0.01, 5.0
+    loss = peers.sdar_loss(logp, teacher, M, lam, beta)
+    gate = torch.sigmoid(beta * (teacher - logp.detach()))
+    n = M.sum()
+    assert loss.item() == pytest.approx((lam * (gate * (teacher - logp.detach()))[M].sum()
+                                         / n).item(), rel=1e-5)
+    loss.backward()
+    # a gated push up on the sampled tokens of m, nothing elsewhere; the teacher gets none
+    assert torch.allclose(logp.grad[M], -lam * gate[M] / n)
+    assert (logp.grad[~M] == 0).all()
+
+
+def test_top_k_jsd():
+    torch.manual_seed(3)
+    t, s = torch.randn(5, 30), torch.randn(5, 30)
+    assert torch.allclose(peers.top_k_jsd(t, t.clone(), k=10), torch.zeros(5), atol=1e-6)
+    full = peers.top_k_jsd(t, s, k=30)
+    p, q = t.softmax(-1), s.softmax(-1)
+    m = (p + q) / 2
+    by_hand = 0.5 * (p * (p / m).log()).sum(-1) + 0.5 * (q * (q / m).log()).sum(-1)
+    assert torch.allclose(full, by_hand, atol=1e-5)
+    assert (full >= 0).all() and (full <= math.log(2) + 1e-6).all()
+    # over the teacher's top 10 only: a token outside it does not count
+    s2 = s.clone()
+    outside = t.topk(30).indices[:, -1]
+    s2[torch.arange(5), outside] += 10.0
+    assert torch.allclose(peers.top_k_jsd(t, s, k=10), peers.top_k_jsd(t, s2, k=10))
+
+
+def test_bicaa_turn_rewards():
+    g = torch.tensor([[0.4, -0.4, float("nan")]])
+    w = torch.tensor([[2.0, 2.0, 1.0]])
+    r = peers.bicaa_turn_rewards(g, w)
+    assert r[0, 0].item() == pytest.approx(0.8) and r[0, 1].item() == pytest.approx(-0.2)
+    assert math.isnan(r[0, 2].item())
+
+
+def test_bicaa_advantages_by_hand():
+    # one group of two episodes; episode 0 has turns 0 and 1, episode 1 turn 0 only
+    rewards = torch.tensor([[1.0, 3.0], [2.0, float("nan")]])
+    turn = torch.full((2, 14), -1)
+    turn[:, 2:7] = 0
+    turn[0, 9:13] = 1
+    gen = GEN.clone()
+    gen[1, 9:13] = 0
+    adv = torch.tensor([0.0, 0.0])                          # a tied group: BiCAA still acts
+    out = peers.bicaa_advantages(adv, rewards, turn, gen, M, group_size=2, alpha=0.25, gamma=1.0)
+    z = (torch.tensor([1.0, 3.0, 2.0]) - 2.0) / (1.0 + 1e-4)   # mean 2, unbiased std 1
+    to_go_00 = z[0] + z[1]                                  # turn 0 of episode 0: both turns
+    assert out[0, 5].item() == pytest.approx(0.25 * to_go_00.item(), abs=1e-5)
+    assert out[0, 12].item() == pytest.approx(0.25 * z[1].item(), abs=1e-5)
+    assert out[1, 5].item() == pytest.approx(0.25 * z[2].item(), abs=1e-5)
+    assert out[0, 3].item() == 0.0                          # off m: plain A
+    assert (out[~gen.bool()] == 0).all()
+
+
+def test_turn_runs():
+    assert peers.turn_runs([0, 1, 1, 0, 0, 1, 0, 1]) == [(1, 3), (5, 6), (7, 8)]
+    assert peers.turn_runs([0, 0]) == []
+
+
+# ----------------------------------------------------------------------------- one step, each rule
+@pytest.fixture(scope="module")
+def step_inputs():
+    """A tiny random model and a batch of four episodes (two expert, two noisy) of one
+    question, with the GRPO advantages of rewards 1, 0, 1, 0."""
+    tok = model.build_tokenizer(model.tokenizer_texts(seeds=(0,)))
+    lm = model.build_model(tok, "tiny").eval()
+    world = toy_world.make_world(seed=5, n_people=20, n_cities=8, n_countries=3, n_films=8,
+                                 n_companies=6)
+    q = [q for q in world.split("train") if q.hops == 2][0]
+    good = toy_world.expert_episode(q, world)
+    bad = toy_world.expert_episode(q, world, stop_early=1.0)
+    trs = [model.encode_episode(tok, model.render_prompt(tok, q), ep.turns, ep.observations)
+           for ep in (good, bad, good, bad)]
+    b = model.collate(trs, tok.pad_token_id)
+    r = model.Rollouts(**b, rewards=torch.tensor([1.0, 0.0, 1.0, 0.0]), answers=[None] * 4,
+                       turns=torch.tensor([len(t.spans) for t in trs]), questions=[q] * 4,
+                       turn_texts=[good.turns, bad.turns, good.turns, bad.turns])
+    adv = grpo.group_advantages(r.rewards, 4)
+    with torch.no_grad():
+        lp_s = model.token_logprobs(lm, r.input_ids, r.attention_mask, r.gen_mask)
+    return lm, tok, world, r, adv, lp_s
+
+
+@pytest.mark.parametrize("method", train.PEERS)
+def test_credit_for_every_peer(step_inputs, method):
+    lm, tok, world, r, adv, lp_s = step_inputs
+    cfg = dict(train.DEFAULTS, METHOD=method, GROUP_SIZE=4, TEMPERATURE=1.0)
+    token_adv, lp_t, extra_loss = peers.credit(cfg, 0, lm, tok, world, r, adv, lp_s)
+    assert token_adv.shape == lp_t.shape == r.input_ids.shape
+    assert (token_adv[r.gen_mask == 0] == 0).all() and torch.isfinite(token_adv).all()
+    assert not torch.equal(lp_t, lp_s)                      # the teacher scored something
+    plain = adv[:, None] * r.gen_mask
+    if method in ("sdar", "sd_search"):                     # A untouched, a loss beside it
+        assert torch.equal(token_adv, plain)
+        logp = model.token_logprobs(lm, r.input_ids, r.attention_mask, r.gen_mask)
+        extra = extra_loss(lm, logp)
+        assert torch.isfinite(extra) and extra.requires_grad
+        extra.backward()
+        assert any(p.grad is not None and p.grad.abs().sum() > 0 for p in lm.parameters())
+        lm.zero_grad(set_to_none=True)
+    else:
+        assert extra_loss is None and not torch.equal(token_adv, plain)
+
+
+def test_answer_gains_match_a_manual_forward(step_inputs):
+    lm, tok, world, r, adv, lp_s = step_inputs
+    gains, turn_of_token = peers.answer_gains(lm, tok, r, temperature=1.0)
+    n_turns = [len(peers.turn_runs(r.gen_mask[i].tolist())) for i in range(4)]
+    assert gains.shape == (4, max(n_turns))
+    for i in range(4):
+        assert not torch.isnan(gains[i, :n_turns[i]]).any()
+        assert torch.isnan(gains[i, n_turns[i]:]).all()
+        assert int(turn_of_token[i].max()) == n_turns[i] - 1
+    # L_0 and L_1 of episode 0 by hand: the golden answer's token-mean log-prob after the prompt
+    # and after the first turn with its observation
+    gold = tok.encode(f"<answer> {r.questions[0].answers[0]} </answer>", add_special_tokens=False)
+    start_2nd = peers.turn_runs(r.gen_mask[0].tolist())[1][0]
+    L = []
+    for end in (int(r.prompt_len[0]), start_2nd):
+        ids = torch.tensor([r.input_ids[0, :end].tolist() + gold])
+        score = torch.tensor([[0] * end + [1] * len(gold)])
+        with torch.no_grad():
+            lp = model.token_logprobs(lm, ids, torch.ones_like(ids), score)
+        L.append((lp.sum() / len(gold)).item())
+    assert gains[0, 0].item() == pytest.approx(L[1] - L[0], abs=1e-4)
