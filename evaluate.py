@@ -351,6 +351,9 @@ def main(argv):
                           "(lab/credit.py)")
     lab_flags.add_argument("--variants", action="store_true",
                      help="with --credit: score every EviSD design choice on the same samples")
+    lab_flags.add_argument("--rules", action="store_true",
+                     help="with --credit: grade every credit rule (GRPO, EviSD, the peers') on "
+                          "the same samples")
     lab_flags.add_argument("--show", type=int, default=0, metavar="K",
                      help="print K example groups with each action token's gap (lab/credit.py)")
     args = ap.parse_args(argv)
@@ -360,8 +363,10 @@ def main(argv):
     if args.worlds < 1 or args.credit < 0:
         raise SystemExit(f"--worlds must be >= 1 and --credit >= 0, got {args.worlds} and "
                          f"{args.credit}")
-    if args.variants and not args.credit:
-        raise SystemExit("--variants goes with --credit")
+    if (args.variants or args.rules) and not args.credit:
+        raise SystemExit("--variants and --rules go with --credit")
+    if args.variants and args.rules:
+        raise SystemExit("--variants and --rules: one at a time")
     # The lab's switch for the report card and the gap view: they sample episodes of their own.
     if args.credit or args.show:
         return runs.lab("credit", "--credit and --show").main(args)

@@ -1,6 +1,7 @@
-"""The credit-assignment lab: does the teacher's gap point the right way?
+"""The credit-assignment lab: does the teacher's gap point the right way, and does each credit
+rule put its credit where the oracle says it belongs?
 
-EviSD rescales the advantage of each action token by w = clip(exp(sign(A)·g), 1−ε, 1+ε), with
+EviSD corrects the advantage of each action content token by λ|A|·tanh(τg), with
 g = log p_teacher − log p_student. Whatever the sign of A, that moves credit the right way
 exactly when g > 0 on good actions and g < 0 on bad ones: a good search in a failed episode is
 penalised less, a premature answer in a lucky one rewarded less. A synthetic world knows
@@ -12,10 +13,14 @@ which actions were good (``toy_world.label_actions``), so the teacher can be gra
 * ``auc`` is the probability that a good action's gap exceeds a bad one's (0.5: the teacher
   knows nothing; 1.0: it separates them perfectly);
 * ``misassigned_mass`` is the share of Σ|Â| over action tokens whose sign disagrees with the
-  label, for GRPO (Â = A) and for EviSD (Â = A·w) on the same batch;
+  label, for GRPO (Â = A) and for EviSD on the same batch;
 * ``report`` samples groups on held-out questions as training does and puts it all together;
   ``python evaluate.py RUN --credit`` prints it, and with ``--variants`` it grades every
-  design choice of ``VARIANTS`` (where the teacher's blocks go, ε, ...) on the same samples.
+  design choice of ``VARIANTS`` (where the teacher's blocks go, λ, ...) on the same samples;
+* ``rules_report`` (``--credit --rules``) grades every credit rule of RULES (GRPO, EviSD and
+  the peers' of lab/peers.py) on the same samples by its effective per-token advantage
+  (``effective_advantages``): AUCs across and within episodes, misassigned mass, and how much
+  credit lands where A = 0.
 
 ``show_episodes`` prints sampled episodes with each action token's gap (``--show``); ``main``
 is what ``python evaluate.py RUN --credit`` and ``--show`` run.
@@ -37,6 +42,7 @@ import runs
 import search_env
 import toy_world
 import train
+from lab import peers
 
 PARTS = ("tag", "content")
 
@@ -110,6 +116,24 @@ def misassigned_mass(token_adv, token_sign):
     return (wrong / total).item() if total > 0 else None
 
 
+CELLS = ("all",) + tuple(f"{kind}_{part}" for kind in ("search", "answer") for part in PARTS)
+
+
+def in_cell(records, cell):
+    """The records of a cell of CELLS: all of them, or one (kind, part)."""
+    return [r for r in records if cell in ("all", f"{r['kind']}_{r['part']}")]
+
+
+def label_signs(records, shape):
+    """{cell: token_sign [N, T]} for every cell of CELLS: +1 on the tokens of its good actions'
+    parts, −1 on its bad ones', 0 elsewhere (``misassigned_mass``'s second argument)."""
+    signs = {cell: torch.zeros(shape) for cell in CELLS}
+    for r in records:
+        for cell in ("all", f"{r['kind']}_{r['part']}"):
+            signs[cell][r["episode"], r["start"]:r["end"]] = 1.0 if r["good"] else -1.0
+    return signs
+
+
 def summarise(records, adv, token_adv):
     """The report card from action records: table rows, AUCs and misassigned masses."""
     shape = token_adv.shape
@@ -121,16 +145,10 @@ def summarise(records, adv, token_adv):
                  count=len(table[k, p, l, s]), gap=mean([r["gap"] for r in table[k, p, l, s]]),
                  w=mean([r["w"] for r in table[k, p, l, s]]))
             for k, p, l, s in sorted(table, key=order)]
-    sign = {key: torch.zeros(shape)
-            for key in ("all", *((k, p) for k in ("search", "answer") for p in PARTS))}
-    for r in records:
-        for key in ("all", (r["kind"], r["part"])):
-            sign[key][r["episode"], r["start"]:r["end"]] = 1.0 if r["good"] else -1.0
     grpo_adv = adv[:, None].expand(shape)
     parts = {}
-    for key, s in sign.items():
-        rs = [r for r in records if key == "all" or (r["kind"], r["part"]) == key]
-        name = key if key == "all" else f"{key[0]}_{key[1]}"
+    for name, s in label_signs(records, shape).items():
+        rs = in_cell(records, name)
         parts[name] = dict(
             actions=len(rs), good=sum(r["good"] for r in rs),
             auc=auc([r["gap"] for r in rs if r["good"]], [r["gap"] for r in rs if not r["good"]]),
@@ -167,49 +185,61 @@ def sample(lm, tokenizer, cfg, world, questions, group_size):
     return r, adv, lp_s
 
 
-def report(lm, tokenizer, cfg, sets, seed=0, progress=None, variants=None):
-    """The report card on held-out questions. ``sets``: [(world, questions)]; each world's
-    questions are played in chunks of QUESTIONS_PER_STEP, GROUP_SIZE samples at TEMPERATURE,
-    exactly like training batches. Returns a JSON-ready dict (see ``summarise``) with the
-    label counts of the sampled actions; with ``variants`` ({name: config overrides}), one such
-    dict per variant, all scored on the same sampled batches."""
+def batches(lm, tokenizer, cfg, sets, seed=0, progress=None):
+    """The report card's batches: ``sets`` ([(world, questions)]) played world by world in
+    chunks of QUESTIONS_PER_STEP, GROUP_SIZE samples at TEMPERATURE, exactly like training
+    batches, each chunk under its own seed (so every mode of the card sees the same samples).
+    Yields (world, rollouts, adv [N], student_logp [N, T], labels, offset), offset being the
+    index of the batch's first episode once all batches are concatenated."""
     lm.eval()
+    offset = 0
+    for world, questions in sets:
+        for c in range(0, len(questions), cfg["QUESTIONS_PER_STEP"]):
+            chunk = questions[c:c + cfg["QUESTIONS_PER_STEP"]]
+            torch.manual_seed(seed * 1_000_003 + offset)
+            r, adv, lp_s = sample(lm, tokenizer, cfg, world, chunk, cfg["GROUP_SIZE"])
+            yield world, r, adv, lp_s, episode_labels(r, world, cfg["TOP_K"]), offset
+            offset += len(adv)
+            if progress:
+                progress(len(chunk))
+
+
+def concat(tensors):
+    """[N_i, T_i] tensors of successive batches as one [ΣN_i, max T_i], right-padded with 0."""
+    width = max(t.shape[1] for t in tensors)
+    return torch.cat([torch.nn.functional.pad(t, (0, width - t.shape[1])) for t in tensors])
+
+
+def report(lm, tokenizer, cfg, sets, seed=0, progress=None, variants=None):
+    """The report card on held-out questions ``sets`` ([(world, questions)], played as
+    ``batches`` plays them). Returns a JSON-ready dict (see ``summarise``) with the label counts
+    of the sampled actions; with ``variants`` ({name: config overrides}), one such dict per
+    variant, all scored on the same sampled batches."""
     # The card grades EviSD's teacher, whichever method the run trained with.
     configs = {name: dict(cfg, METHOD="evisd", **overrides)
                for name, overrides in (variants or {"": {}}).items()}
     records = {name: [] for name in configs}
     token_advs = {name: [] for name in configs}
-    labels_all, all_adv, n_episodes, width = [], [], 0, 0
-    for world, questions in sets:
-        for c in range(0, len(questions), cfg["QUESTIONS_PER_STEP"]):
-            chunk = questions[c:c + cfg["QUESTIONS_PER_STEP"]]
-            torch.manual_seed(seed * 1_000_003 + n_episodes)
-            # What one training step computes: A, the student's log-probs, and per variant the
-            # teacher's (on the episodes with A != 0) and Â.
-            r, adv, lp_s = sample(lm, tokenizer, cfg, world, chunk, cfg["GROUP_SIZE"])
-            labels = episode_labels(r, world, cfg["TOP_K"])
-            rows = adv.nonzero().squeeze(1).tolist()
-            for name, vcfg in configs.items():
-                token_adv, lp_t = evisd.corrected_advantages(lm, tokenizer, world, r, adv, lp_s,
-                                                             train.evisd_settings(vcfg))
-                w = token_adv / torch.where(adv == 0, 1.0, adv)[:, None]   # Â / A: EviSD's factor
-                for rec in action_records(r, labels, adv, lp_t - lp_s, w, tokenizer, rows):
-                    rec["episode"] += n_episodes    # index into the concatenated batch below
-                    records[name].append(rec)
-                token_advs[name].append(token_adv)
-            all_adv.append(adv)
-            width = max(width, token_adv.shape[1])
-            labels_all += labels
-            n_episodes += len(adv)
-            if progress:
-                progress(len(chunk))
+    labels_all, all_adv = [], []
+    for world, r, adv, lp_s, labels, offset in batches(lm, tokenizer, cfg, sets, seed, progress):
+        # What one training step computes: A, the student's log-probs, and per variant the
+        # teacher's (on the episodes with A != 0) and Â.
+        rows = adv.nonzero().squeeze(1).tolist()
+        for name, vcfg in configs.items():
+            token_adv, lp_t = evisd.corrected_advantages(lm, tokenizer, world, r, adv, lp_s,
+                                                         train.evisd_settings(vcfg))
+            w = token_adv / torch.where(adv == 0, 1.0, adv)[:, None]   # Â / A: EviSD's factor
+            for rec in action_records(r, labels, adv, lp_t - lp_s, w, tokenizer, rows):
+                rec["episode"] += offset    # index into the concatenated batch below
+                records[name].append(rec)
+            token_advs[name].append(token_adv)
+        all_adv.append(adv)
+        labels_all += labels
     adv = torch.cat(all_adv)
     cards = {}
     for name in configs:
-        token_adv = torch.cat([torch.nn.functional.pad(t, (0, width - t.shape[1]))
-                               for t in token_advs[name]])
-        cards[name] = summarise(records[name], adv, token_adv)
-        cards[name].update(episodes=n_episodes, scored_episodes=int((adv != 0).sum()),
+        cards[name] = summarise(records[name], adv, concat(token_advs[name]))
+        cards[name].update(episodes=len(adv), scored_episodes=int((adv != 0).sum()),
                            shares=toy_world.label_shares(labels_all))
     return cards if variants else cards[""]
 
@@ -248,6 +278,175 @@ def format_report(card):
     for name, p in card["parts"].items():
         lines.append(f"| {name} | {p['actions']} ({p['good']}) | {fmt(p['auc'])} | "
                      f"{fmt(p['misassigned_grpo'])} | {fmt(p['misassigned_evisd'])} |")
+    return "\n".join(lines)
+
+
+# ----------------------------------------------------------------------------- every rule
+RULES = ("grpo", "evisd", "rlsd", "opsd", "sdar", "sd_search", "bicaa")
+
+
+@torch.no_grad()
+def sdar_effective(adv, gap, gen_mask, mask, lam=peers.SDAR_LAMBDA, beta=peers.SDAR_BETA):
+    """SDAR's effective advantage [N, T]: the Â whose clipped surrogate alone has, at ratio 1,
+    the gradient of SDAR's whole loss on each sampled token's log-prob.
+
+    grpo.policy_loss gives ∂/∂logp_t = −Â_t / n_gen (n_gen: the batch's generated tokens);
+    peers.sdar_loss gives −λ·σ(β·gap_t) / n_m on m (n_m: the batch's m tokens), 0 elsewhere.
+    Their sum is the surrogate's with
+        Â_eff = A + λ·σ(β·gap)·n_gen / n_m   on m,   A on the other generated tokens:
+    never below A (σ > 0), so where A = 0 it credits every m token, the teacher's favourites
+    most. Batch-wide counts: grade it on training-sized batches."""
+    gen, m = gen_mask.float(), mask.float()
+    n_gen, n_m = gen.sum().clamp(min=1.0), m.sum().clamp(min=1.0)
+    return adv.float()[:, None] * gen + lam * torch.sigmoid(beta * gap.float()) * m * n_gen / n_m
+
+
+def sd_search_effective(adv, gen_mask, queries, sampled, teacher_logits, student_logits,
+                        alpha=peers.SD_SEARCH_ALPHA, top_k=peers.SD_SEARCH_TOP_K):
+    """SD-Search's effective advantage [N, T], the sampled-token part of its JSD term.
+
+    Its term α·mean JSD(teacher ‖ student) moves the whole next-token distribution at each
+    query token, not one log-prob, so no Â reproduces it exactly. What the card grades is the
+    push on the sampled token's logit u_y (logits over temperature, [M, V] in the row-major
+    order of ``queries`` [N, T]; ``sampled`` [M] the tokens): the surrogate gives
+    ∂/∂u_y = −Â·(1 − p_y) / n_gen, so Â_eff = A − n_gen·(∂term/∂u_y) / (1 − p_y) on the query
+    tokens (by autograd), A on the other generated tokens. The term's pushes on the other
+    logits are not graded, and a sampled token outside the teacher's top k gets no push."""
+    out = adv.float()[:, None] * gen_mask.float()                    # [N, T]
+    if teacher_logits is None:
+        return out
+    u = student_logits.detach().float().requires_grad_()            # [M, V]
+    with torch.enable_grad():
+        term = alpha * peers.top_k_jsd(teacher_logits.float(), u, top_k).mean()
+        (grad,) = torch.autograd.grad(term, u)
+    at = sampled[:, None]
+    p = u.detach().softmax(-1).gather(-1, at).squeeze(-1)           # [M]
+    push = -gen_mask.float().sum() * grad.gather(-1, at).squeeze(-1) / (1 - p).clamp(min=1e-6)
+    out[queries.bool()] += push
+    return out
+
+
+def effective_advantages(lm, tokenizer, cfg, world, r, adv, lp_s):
+    """{rule: Â_eff [N, T]} for every rule of RULES on one sampled batch (``sample``): GRPO's
+    A on the generated tokens; EviSD's Â (evisd.corrected_advantages); RLSD's, OPSD's and
+    BiCAA's token advantages (peers.credit with METHOD set to the rule, at step 0: no rule reads
+    the step today); SDAR's and SD-Search's, whose credit is a loss beside the surrogate, as
+    ``sdar_effective`` and ``sd_search_effective`` turn it into Â. Each rule reads the run's
+    teacher settings; all tensors come back on the CPU."""
+    settings = train.evisd_settings(cfg)
+    out = {"grpo": adv[:, None] * r.gen_mask.float().to(adv.device)}
+    out["evisd"], _ = evisd.corrected_advantages(lm, tokenizer, world, r, adv, lp_s, settings)
+    for rule in ("rlsd", "opsd", "bicaa", "sdar"):
+        out[rule], lp_t, _ = peers.credit(dict(cfg, METHOD=rule), 0, lm, tokenizer, world, r,
+                                          adv, lp_s)
+    mask = evisd.correction_mask(r, tokenizer, settings)
+    out["sdar"] = sdar_effective(adv, (lp_t - lp_s).cpu(), r.gen_mask, mask)   # SDAR's teacher
+    # SD-Search's teacher and student next-token logits on the query tokens (as peers.credit).
+    queries = mask & (r.action_kind == model.KIND_IDS["search"])
+    device = next(lm.parameters()).device
+    with torch.no_grad():
+        teacher = peers.query_logits_teacher(lm, tokenizer, world, r, queries.to(device),
+                                             settings)
+        student = peers.next_token_logits(lm, r.input_ids.to(device),
+                                          r.attention_mask.to(device), queries.to(device))
+    T = cfg["TEMPERATURE"]
+    out["sd_search"] = sd_search_effective(
+        adv.cpu(), r.gen_mask, queries, r.input_ids[queries],
+        None if teacher is None else teacher.cpu() / T, student.cpu() / T,
+        peers.SD_SEARCH_ALPHA, peers.SD_SEARCH_TOP_K)
+    return {rule: out[rule].float().cpu() for rule in RULES}
+
+
+def within_episode_auc(records):
+    """The AUC of the records' "score" over the pairs of a good and a bad action *of the same
+    episode*: what a rule ranks inside an episode, where GRPO's A is one number (exactly 0.5
+    for it). None when no episode has both."""
+    episodes = defaultdict(lambda: ([], []))
+    for r in records:
+        episodes[r["episode"]][0 if r["good"] else 1].append(r["score"])
+    pairs = [(auc(good, bad), len(good) * len(bad)) for good, bad in episodes.values()]
+    n = sum(k for a, k in pairs if a is not None)
+    return sum(a * k for a, k in pairs if a is not None) / n if n else None
+
+
+SIGNS = {"pos": lambda a: a > 0, "neg": lambda a: a < 0, "zero": lambda a: a == 0}
+
+
+def grade_rules(records, adv, effective):
+    """Every rule's grades from one set of action records (all episodes, A = 0 too).
+
+    adv [N]; effective {rule: Â_eff [N, T]}. Per rule and cell of CELLS, the score of an action
+    part is its mean Â_eff: ``auc`` (good vs bad, across episodes: for GRPO, what outcome credit
+    alone knows), ``within`` and ``within_pos`` / ``within_neg`` / ``within_zero``
+    (``within_episode_auc`` over all episodes, those with A > 0, A < 0, A = 0) and
+    ``misassigned`` (the share of Σ|Â_eff| on tokens whose sign disagrees with their label);
+    per rule, ``zero_share``: the share of Σ|Â_eff| on labelled tokens that lies in episodes
+    with A = 0, where GRPO gives nothing."""
+    shape = next(iter(effective.values())).shape
+    signs = label_signs(records, shape)
+    labelled = signs["all"] != 0
+    zero = (adv.cpu() == 0)[:, None] & labelled
+    cards = {}
+    for rule, token_adv in effective.items():
+        scored = [dict(r, score=token_adv[r["episode"], r["start"]:r["end"]].mean().item())
+                  for r in records]
+        card = {}
+        for cell in CELLS:
+            rs = in_cell(scored, cell)
+            card[cell] = dict(
+                actions=len(rs),
+                auc=auc([r["score"] for r in rs if r["good"]],
+                        [r["score"] for r in rs if not r["good"]]),
+                within=within_episode_auc(rs),
+                misassigned=misassigned_mass(token_adv, signs[cell]))
+            for name, keep in SIGNS.items():
+                card[cell][f"within_{name}"] = within_episode_auc(
+                    [r for r in rs if keep(r["adv"])])
+        total = token_adv.abs()[labelled].sum()
+        card["zero_share"] = (token_adv.abs()[zero].sum() / total).item() if total > 0 else None
+        cards[rule] = card
+    return cards
+
+
+def rules_report(lm, tokenizer, cfg, sets, seed=0, progress=None):
+    """Every rule of RULES on the same sampled batches (``batches``, the seeds of ``report``):
+    {"rules": ``grade_rules``, episodes, zero_episodes (A = 0), shares}."""
+    records, effective, all_adv, labels_all = [], defaultdict(list), [], []
+    for world, r, adv, lp_s, labels, offset in batches(lm, tokenizer, cfg, sets, seed, progress):
+        for rule, token_adv in effective_advantages(lm, tokenizer, cfg, world, r, adv,
+                                                    lp_s).items():
+            effective[rule].append(token_adv)
+        # Every episode's actions, A = 0 too; the records' gap and w are not used here.
+        zeros = torch.zeros(r.input_ids.shape)
+        for rec in action_records(r, labels, adv, zeros, zeros, tokenizer, range(len(adv))):
+            rec["episode"] += offset
+            records.append(rec)
+        all_adv.append(adv.cpu())
+        labels_all += labels
+    adv = torch.cat(all_adv)
+    return dict(rules=grade_rules(records, adv, {k: concat(v) for k, v in effective.items()}),
+                episodes=len(adv), zero_episodes=int((adv == 0).sum()),
+                shares=toy_world.label_shares(labels_all))
+
+
+def rules_table(card):
+    """Two Markdown tables, one row per rule: the grades on all action parts, then per cell
+    the within-episode AUC and the misassigned share."""
+    fmt = lambda v: "–" if v is None else f"{v:.3f}"
+    cells = CELLS[1:]
+    lines = [f"{card['episodes']} episodes, {card['zero_episodes']} with A = 0", "",
+             "| rule | AUC | within episode | within A>0 | within A<0 | within A=0 "
+             "| misassigned Σ|Â| | Σ|Â| on A=0 |", "|---|" + "---|" * 7]
+    for rule, g in card["rules"].items():
+        a = g["all"]
+        lines.append(f"| {rule} | " + " | ".join(fmt(a[k]) for k in (
+            "auc", "within", "within_pos", "within_neg", "within_zero", "misassigned"))
+            + f" | {fmt(g['zero_share'])} |")
+    lines += ["", "| rule | " + " | ".join(c.replace("_", " ") for c in cells)
+              + " |  (within-episode AUC / misassigned)", "|---|" + "---|" * len(cells)]
+    for rule, g in card["rules"].items():
+        lines.append(f"| {rule} | " + " | ".join(
+            f"{fmt(g[c]['within'])} / {fmt(g[c]['misassigned'])}" for c in cells) + " |")
     return "\n".join(lines)
 
 
@@ -329,8 +528,9 @@ def question_sets(cfg, n_questions, validation=False):
 
 
 def main(args):
-    """``python evaluate.py RUN ... --credit [Q] [--variants] [--validation]`` or ``--show K``:
-    the report card of each run (printed, and written as JSON), or K groups of episodes."""
+    """``python evaluate.py RUN ... --credit [Q] [--variants | --rules] [--validation]`` or
+    ``--show K``: the report card of each run (printed, and written as JSON: --json, or
+    RUN/credit.json), or K groups of episodes."""
     if args.show:
         lm, tok, cfg, _ = runs.load_run(args.runs[0])
         # the groups with A != 0 are shown first
@@ -343,9 +543,13 @@ def main(args):
         lm, tok, cfg, _ = runs.load_run(run)
         sets = question_sets(cfg, args.credit, args.validation)
         with tqdm(total=args.credit, desc=f"credit {run}", dynamic_ncols=True) as bar:
-            cards[run] = report(lm, tok, cfg, sets, progress=bar.update,
-                                variants=VARIANTS if args.variants else None)
-        table = variants_table(cards[run]) if args.variants else format_report(cards[run])
+            if getattr(args, "rules", False):
+                cards[run] = rules_report(lm, tok, cfg, sets, progress=bar.update)
+            else:
+                cards[run] = report(lm, tok, cfg, sets, progress=bar.update,
+                                    variants=VARIANTS if args.variants else None)
+        table = (rules_table(cards[run]) if getattr(args, "rules", False)
+                 else variants_table(cards[run]) if args.variants else format_report(cards[run]))
         print(f"\n## {run}\n\n{table}")
     out = args.json or os.path.join(args.runs[0], "credit.json")
     with open(out, "w") as f:
