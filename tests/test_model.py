@@ -182,7 +182,7 @@ def test_rollout_masks_on_random_and_scripted_models(tok, lm, world):
     for policy in (lm, ScriptedLM(tok)):
         torch.manual_seed(0)
         r = model.rollout(policy, tok, search_env.episodes(world, qs, 3, max_turns=3),
-                          max_new_tokens=24)
+                          max_new_tokens=24, decode="generate")
         assert r.input_ids.shape[0] == 12 and (r.turns <= 3).all() and (r.turns >= 1).all()
         assert r.questions[3] is qs[1]
         _check_masks(r, tok, world)
@@ -231,14 +231,16 @@ def test_rollout_is_deterministic_for_a_seed(tok, trained, world):
     assert torch.equal(runs[0].rewards, runs[1].rewards)
 
 
-def test_cached_rollout_matches_a_fresh_forward(tok, trained, world):
+@pytest.mark.parametrize("decode", ["static", "generate"])
+def test_cached_rollout_matches_a_fresh_forward(tok, trained, world, decode, monkeypatch):
     """The KV cache kept across turns, the masked holes and the dropped finished rows must
     give each sequence exactly what a plain forward over its transcript gives: every greedy
     token is the argmax of the right-padded transcript's logits at its position."""
+    monkeypatch.setattr(model.KVCache, "BLOCK", 16)     # the static cache grows every turn
     qs = world.split("train")[:6]
     # 1, 2 or 3 turns
     envs = [search_env.SearchEnv(world, q, max_turns=1 + i % 3) for i, q in enumerate(qs)]
-    r = model.rollout(trained, tok, envs, max_new_tokens=24, greedy=True)
+    r = model.rollout(trained, tok, envs, max_new_tokens=24, greedy=True, decode=decode)
     kinds = [k for s in r.spans for _, _, k, _ in s]
     assert len(set(r.turns.tolist())) > 1                   # rows left the batch at different turns
     assert "search" in kinds and "answer" in kinds          # turns stopped at a tag
@@ -381,7 +383,7 @@ def test_rollout_stops_at_stop_strings_with_exact_spans(which, request, world):
     forced = ForcedLM(lm, tok, script)
     qs = world.split("train")[:2]
     r = model.rollout(forced, tok, search_env.episodes(world, qs, 1, max_turns=2),
-                      max_new_tokens=40, greedy=True)
+                      max_new_tokens=40, greedy=True, decode="generate")
     # no junk generated
     assert [tok.batch_decode(new) for new in forced.returned] == [[s, s] for s in script]
     assert r.answers == ["velmar", "velmar"] and (r.turns == 2).all()
@@ -401,3 +403,109 @@ def test_rollout_stops_at_stop_strings_with_exact_spans(which, request, world):
             assert starts[expected.index(model.KIND_IDS[kind])] <= lo
     if which == "pretrained-style":
         assert len(tok.encode(search_env.SEARCH_END, add_special_tokens=False)) > 1
+
+
+# ---------------------------------------------------------------------- the static decode
+def rollout_both_ways(lm, tok, world, greedy, seed=5):
+    """The same episodes rolled out by HF generate and by the static decode, from one seed."""
+    out = []
+    for decode in ("generate", "static"):
+        torch.manual_seed(seed)
+        envs = search_env.episodes(world, world.split("train")[:6], 3, max_turns=3)
+        out.append(model.rollout(lm, tok, envs, max_new_tokens=32, temperature=0.7,
+                                 greedy=greedy, decode=decode))
+    return out
+
+
+@pytest.mark.parametrize("which", ["embedded", "pretrained-style"])
+@pytest.mark.parametrize("greedy", [True, False])
+def test_static_decode_samples_what_generate_samples(which, greedy, request, world, monkeypatch):
+    """Same seed, same tokens: the static loop draws the same random numbers as generate for
+    the same logits, stops at the same tokens, and keeps the same transcripts (embedded model:
+    trained so it writes tagged actions; pretrained-style: Qwen2-shaped, tags of several
+    tokens). A small cache block makes the cache grow mid-rollout."""
+    monkeypatch.setattr(model.KVCache, "BLOCK", 16)
+    lm, tok = ((request.getfixturevalue("trained"), request.getfixturevalue("tok"))
+               if which == "embedded" else request.getfixturevalue("standin"))
+    a, b = rollout_both_ways(lm, tok, world, greedy)
+    assert a.input_ids.shape == b.input_ids.shape and a.gen_mask.sum() > 200
+    for field in ("input_ids", "attention_mask", "gen_mask", "info_mask", "action_kind", "turns"):
+        assert torch.equal(getattr(a, field), getattr(b, field)), field
+    assert a.turn_texts == b.turn_texts and a.spans == b.spans
+    if which == "embedded":
+        kinds = [k for s in b.spans for _, _, k, _ in s]
+        assert "search" in kinds and "answer" in kinds          # turns ended at stop strings
+    _check_masks(b, tok, world)
+
+
+def test_static_decode_logprobs_are_the_training_forwards(tok, trained, world):
+    """The log-probs the static loop sampled from are those train.rl_step scores the transcript
+    with (token_logprobs over the right-padded batch), within 1e-4."""
+    seen = []
+    sample = model.sample
+
+    def recording(logits, temperature, greedy):
+        token = sample(logits, temperature, greedy)
+        logp = torch.log_softmax(logits / temperature, -1).gather(-1, token[:, None])[:, 0]
+        seen.extend(zip(token.tolist(), logp.tolist()))
+        return token
+
+    torch.manual_seed(3)
+    envs = search_env.episodes(world, world.split("train")[:4], 2, max_turns=2)
+    with pytest.MonkeyPatch.context() as m:
+        m.setattr(model, "sample", recording)
+        r = model.rollout(trained, tok, envs, max_new_tokens=24, temperature=0.7)
+    keep = r.gen_mask.bool()
+    lp = model.token_logprobs(trained, r.input_ids, r.attention_mask, r.gen_mask,
+                              temperature=0.7)[keep]
+    # every kept token was drawn with the log-prob training gives it (same id, within 1e-4)
+    drawn = {}
+    for token, logp in seen:
+        drawn.setdefault(token, []).append(logp)
+    assert lp.numel() > 100
+    assert all(min(abs(d - x) for d in drawn[t]) < 1e-4
+               for t, x in zip(r.input_ids[keep].tolist(), lp.tolist()))
+
+
+@pytest.mark.parametrize("which", ["embedded", "pretrained-style"])
+def test_stop_tokens_cut_turns_as_cut_turn(which, request):
+    """The static loop's stop (on token ids, decoding only a short tail after a token holding
+    ">") cuts every turn where cut_turn cuts it: 400 random turns spliced from pieces that split
+    the tags at every place, multi-byte characters, and random ids, eos among them."""
+    lm, tok = policy(which, request)
+    eos = {tok.eos_token_id}
+    stops = model.stop_tokens(tok, frozenset(eos), lm.get_output_embeddings().weight.shape[0])
+    pieces = ["</search>", "</answer>", "</", "search>", "</sear", "ch>", "answer>", ">", "<",
+              "<search> kalo mira", "<answer> velmar", " naïve café ", "</think>", "ch", "x>",
+              "</search", "/answer", " the ", "é>"]
+    rng = torch.Generator().manual_seed(0)
+    ids = [i for i in range(len(tok)) if i != tok.pad_token_id]   # cut_turn drops trailing pads
+    checked = stopped = 0
+    for _ in range(400):
+        turn = []
+        for _ in range(int(torch.randint(1, 12, (1,), generator=rng))):
+            k = int(torch.randint(len(pieces) + 3, (1,), generator=rng))
+            turn += (tok.encode(pieces[k], add_special_tokens=False) if k < len(pieces)
+                     else [ids[int(torch.randint(len(ids), (1,), generator=rng))]])
+        if torch.rand(1, generator=rng) < 0.1:
+            turn.insert(int(torch.randint(len(turn) + 1, (1,), generator=rng)), tok.eos_token_id)
+        # the loop's walk: a row ends at eos (dropped) or at the token completing a stop string
+        end = len(turn)
+        for t, token in enumerate(turn):
+            if stops.eos[token]:
+                end = t
+                break
+            if stops.may_stop[token] and stops.stops(tok, turn[:t + 1]):
+                end = t + 1
+                break
+        text = tok.decode(turn[:end])
+        assert (turn[:end], text[:model.stop_end(text)]) == model.cut_turn(
+            tok, turn, eos, tok.pad_token_id), turn
+        checked += 1
+        stopped += model.stop_end(text) is not None
+    assert checked == 400 and 100 < stopped < 400
+
+
+def test_static_decode_refuses_a_model_it_cannot_run(tok, world):
+    with pytest.raises(ValueError, match="use DECODE='generate'"):
+        model.rollout(ScriptedLM(tok), tok, search_env.episodes(world, world.split("train")[:1], 1))

@@ -393,7 +393,8 @@ def test_the_server_answers_a_rollout_with_one_request_per_turn(stub, standin):
                           "dev")
     script = [S("halden lighthouse"), A("Aurel Strand")]
     envs = search_env.episodes(w, w.questions[:3], group_size=2, max_turns=2, top_k=3)
-    r = model.rollout(ForcedLM(lm, tok, script), tok, envs, max_new_tokens=40, greedy=True)
+    r = model.rollout(ForcedLM(lm, tok, script), tok, envs, max_new_tokens=40, greedy=True,
+                      decode="generate")
     assert stub.requests == [{"queries": ["halden lighthouse"] * 6, "topk": 3,
                               "return_scores": True}]
     info = tok.decode(r.input_ids[2][r.info_mask[2].bool()])
@@ -444,7 +445,8 @@ def test_a_server_that_is_not_there(stub):
 def forced_rollouts(script):
     """model.rollout, with the model forced to write ``script`` (one turn per generate call)."""
     real = model.rollout
-    return lambda lm, tok, *args, **kw: real(ForcedLM(lm, tok, script), tok, *args, **kw)
+    return lambda lm, tok, *args, **kw: real(ForcedLM(lm, tok, script), tok, *args,
+                                             **dict(kw, decode="generate"))
 
 
 def test_a_server_that_stays_down_stops_the_run_after_saving_a_checkpoint(stub, standin_dir,
