@@ -388,8 +388,10 @@ def grade_rules(records, adv, effective):
     zero = (adv.cpu() == 0)[:, None] & labelled
     cards = {}
     for rule, token_adv in effective.items():
-        scored = [dict(r, score=token_adv[r["episode"], r["start"]:r["end"]].mean().item())
-                  for r in records]
+        # In float64 a constant part's mean is that constant exactly: GRPO's parts of one
+        # episode tie (in float32 the rounding of a sum ranks them by length).
+        scored = [dict(r, score=token_adv[r["episode"], r["start"]:r["end"]].double().mean()
+                       .item()) for r in records]
         card = {}
         for cell in CELLS:
             rs = in_cell(scored, cell)
@@ -430,10 +432,9 @@ def rules_report(lm, tokenizer, cfg, sets, seed=0, progress=None):
 
 
 def rules_table(card):
-    """Two Markdown tables, one row per rule: the grades on all action parts, then per cell
-    the within-episode AUC and the misassigned share."""
+    """Two Markdown tables, one row per rule: the grades on all action parts, then per cell its
+    AUC across episodes, within them, and its misassigned share."""
     fmt = lambda v: "–" if v is None else f"{v:.3f}"
-    cells = CELLS[1:]
     lines = [f"{card['episodes']} episodes, {card['zero_episodes']} with A = 0", "",
              "| rule | AUC | within episode | within A>0 | within A<0 | within A=0 "
              "| misassigned Σ|Â| | Σ|Â| on A=0 |", "|---|" + "---|" * 7]
@@ -442,11 +443,13 @@ def rules_table(card):
         lines.append(f"| {rule} | " + " | ".join(fmt(a[k]) for k in (
             "auc", "within", "within_pos", "within_neg", "within_zero", "misassigned"))
             + f" | {fmt(g['zero_share'])} |")
-    lines += ["", "| rule | " + " | ".join(c.replace("_", " ") for c in cells)
-              + " |  (within-episode AUC / misassigned)", "|---|" + "---|" * len(cells)]
+    cells = CELLS[1:]
+    lines += ["", "| rule (AUC / within / misassigned) | "
+              + " | ".join(c.replace("_", " ") for c in cells) + " |",
+              "|---|" + "---|" * len(cells)]
     for rule, g in card["rules"].items():
-        lines.append(f"| {rule} | " + " | ".join(
-            f"{fmt(g[c]['within'])} / {fmt(g[c]['misassigned'])}" for c in cells) + " |")
+        lines.append(f"| {rule} | " + " | ".join(" / ".join(
+            fmt(g[c][k]) for k in ("auc", "within", "misassigned")) for c in cells) + " |")
     return "\n".join(lines)
 
 

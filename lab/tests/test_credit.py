@@ -354,7 +354,18 @@ def test_grades_of_grpo_and_of_a_rule_that_knows_the_labels(world, scripted):
     table = credit.rules_table(dict(rules=cards, episodes=8, zero_episodes=2))
     assert "| grpo | " in table and "| oracle | " in table
     assert "| 0.500 | 0.500 | 0.500 | 0.500 |" in table.splitlines()[4]
-    assert "| oracle | – / 0.000 | – / 0.000 |" in table     # its searches (all good): no error
+    # its searches (all good): no AUC, no error; its answer content: AUC 1
+    assert "| oracle | – / – / 0.000 | – / – / 0.000 | 1.000 / – / 0.000 | 1.000 / – / 0.000 |" \
+        in table
+
+
+def test_grpo_ties_within_an_episode_whatever_the_part_lengths():
+    """A part's mean of a constant A is A exactly (in float32, 7 x 0.7 / 7 is not 0.7)."""
+    records = [dict(kind="search", part="tag", good=True, adv=0.7, episode=0, start=0, end=1),
+               dict(kind="search", part="content", good=False, adv=0.7, episode=0, start=1,
+                    end=8)]
+    cards = credit.grade_rules(records, torch.tensor([0.7]), {"grpo": torch.full((1, 8), 0.7)})
+    assert cards["grpo"]["all"]["within"] == cards["grpo"]["all"]["auc"] == 0.5
 
 
 def test_effective_advantages_of_every_rule_on_a_scripted_batch(world, scripted, monkeypatch):
