@@ -290,15 +290,14 @@ def sdar_effective(adv, gap, gen_mask, mask, lam=peers.SDAR_LAMBDA, beta=peers.S
     """SDAR's effective advantage [N, T]: the Â whose clipped surrogate alone has, at ratio 1,
     the gradient of SDAR's whole loss on each sampled token's log-prob.
 
-    grpo.policy_loss gives ∂/∂logp_t = −Â_t / n_gen (n_gen: the batch's generated tokens);
-    peers.sdar_loss gives −λ·σ(β·gap_t) / n_m on m (n_m: the batch's m tokens), 0 elsewhere.
+    grpo.policy_loss gives ∂/∂logp_t = −Â_t / n_gen (n_gen: the batch's generated tokens), and
+    peers.sdar_loss, a mean over the same tokens, −λ·σ(β·gap_t) / n_gen on m, 0 elsewhere.
     Their sum is the surrogate's with
-        Â_eff = A + λ·σ(β·gap)·n_gen / n_m   on m,   A on the other generated tokens:
+        Â_eff = A + λ·σ(β·gap)   on m,   A on the other generated tokens:
     never below A (σ > 0), so where A = 0 it credits every m token, the teacher's favourites
-    most. Batch-wide counts: grade it on training-sized batches."""
+    most."""
     gen, m = gen_mask.float(), mask.float()
-    n_gen, n_m = gen.sum().clamp(min=1.0), m.sum().clamp(min=1.0)
-    return adv.float()[:, None] * gen + lam * torch.sigmoid(beta * gap.float()) * m * n_gen / n_m
+    return adv.float()[:, None] * gen + lam * torch.sigmoid(beta * gap.float()) * m
 
 
 def sd_search_effective(adv, gen_mask, queries, sampled, teacher_logits, student_logits,

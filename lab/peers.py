@@ -30,6 +30,8 @@ SDAR_BETA = 5.0
 # SD-Search: GRPO loss + alpha * mean JSD(teacher || student) over the top-k, on query tokens
 SD_SEARCH_ALPHA = 1e-3
 SD_SEARCH_TOP_K = 50
+SD_SEARCH_START = 0          # alpha is 0 before this step: 50 in the paper's long runs; ours are
+                             # 60 steps, so from the start (ours)
 # BiCAA: turn advantage = A + alpha * sum_l gamma^l r~_{k+l}, criticality clipped to this range
 BICAA_ALPHA = 0.25
 BICAA_GAMMA = 1.0            # not given in the summary: ours
@@ -61,17 +63,17 @@ def opsd_advantages(adv, gap, gen_mask, mask, coef=OPSD_COEF):
     return torch.where(gen_mask.bool(), out, torch.zeros_like(A))     # [N, T]
 
 
-def sdar_loss(logp, teacher_logp, mask, lam=SDAR_LAMBDA, beta=SDAR_BETA):
+def sdar_loss(logp, teacher_logp, gen_mask, mask, lam=SDAR_LAMBDA, beta=SDAR_BETA):
     """SDAR (arXiv 2605.15155; code): the term added to the GRPO loss,
-        lam * token_mean_m( sigmoid(beta * gap) * (logp_teacher - logp) ),  gap detached,
+        lam * token_mean( sigmoid(beta * gap) * (logp_teacher - logp) ),  gap detached,
     a gated push up on the sampled tokens the teacher prefers; the gradient flows through the
-    student's ``logp`` [N, T] only. It acts where A = 0. The paper averages over every
-    generated token; our teacher scores only m, where the gap lives, so the mean runs over m."""
+    student's ``logp`` [N, T] only. It acts where A = 0. The mean is over every generated token,
+    as the paper's, but the sum runs over m only: our teacher scores m alone, and elsewhere its
+    log-prob is the student's own, which would make the term a plain likelihood push."""
     gap = (teacher_logp - logp).detach()
     gate = torch.sigmoid(beta * gap)                                  # [N, T]
     per_token = gate * (teacher_logp.detach() - logp)
-    m = mask.float()
-    return lam * (per_token * m).sum() / m.sum().clamp(min=1.0)
+    return lam * (per_token * mask.float()).sum() / gen_mask.float().sum().clamp(min=1.0)
 
 
 def top_k_jsd(teacher_logits, student_logits, k=SD_SEARCH_TOP_K):
@@ -147,14 +149,14 @@ def credit(cfg, step, policy, tokenizer, world, rollouts, adv, student_logp):
         token_adv = opsd_advantages(adv, gap, gen_mask, mask)
     elif method == "sdar":
         def extra_loss(policy, logp):
-            return sdar_loss(logp, teacher_logp, mask)
+            return sdar_loss(logp, teacher_logp, gen_mask, mask)
     elif method == "sd_search":
         queries = mask & (rollouts.action_kind.to(device) == model.KIND_IDS["search"])
         teacher_logits = query_logits_teacher(policy, tokenizer, world, rollouts, queries,
                                               settings)
 
         def extra_loss(policy, logp):
-            if teacher_logits is None:
+            if teacher_logits is None or step < SD_SEARCH_START:
                 return logp.new_zeros(())
             student = next_token_logits(policy, rollouts.input_ids.to(device),
                                         rollouts.attention_mask.to(device), queries)

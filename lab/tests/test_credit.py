@@ -266,7 +266,7 @@ def test_sdar_effective_advantage_gives_sdar_gradient():
     teacher = old + torch.randn(3, 7)
     logp = old.clone().requires_grad_()
     loss = (grpo.policy_loss(logp, old, None, adv[:, None] * gen, gen)[0]
-            + peers.sdar_loss(logp, teacher, mask))
+            + peers.sdar_loss(logp, teacher, gen, mask))
     (want,) = torch.autograd.grad(loss, logp)
     eff = credit.sdar_effective(adv, teacher - old, gen, mask)
     (got,) = torch.autograd.grad(grpo.policy_loss(logp, old, None, eff, gen)[0], logp)

@@ -54,11 +54,11 @@ def test_speed_curves_and_credit_report_through_evaluate(tmp_path, capsys):
     for name, card in cards.items():
         assert card["shares"] == base["shares"] and card["episodes"] == base["episodes"]
         assert card["parts"]["all"]["misassigned_grpo"] == base["parts"]["all"]["misassigned_grpo"]
-    kept = cards["EVISD_SPAN=content"]["parts"]
+    kept = cards["as configured"]["parts"]
     for kind in ("search", "answer"):   # the tags keep A: EviSD's misassigned mass there is GRPO's
         assert (kept[f"{kind}_tag"]["misassigned_evisd"]
                 == pytest.approx(kept[f"{kind}_tag"]["misassigned_grpo"]))
-    assert "| EVISD_SPAN=content |" in capsys.readouterr().out
+    assert "| EVISD_SPAN=action |" in capsys.readouterr().out
     # The gap view of one run's episodes.
     evaluate.main([evisd_run, "--show", "1"])
     assert "gap" in open(os.path.join(evisd_run, "episodes.html")).read()

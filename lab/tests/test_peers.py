@@ -63,9 +63,9 @@ def test_sdar_loss_value_and_gradient():
     logp = (-torch.rand(2, 14) * 3).requires_grad_(True)
     teacher = -torch.rand(2, 14) * 3
     lam, beta = 0.01, 5.0
-    loss = peers.sdar_loss(logp, teacher, M, lam, beta)
+    loss = peers.sdar_loss(logp, teacher, GEN, M, lam, beta)
     gate = torch.sigmoid(beta * (teacher - logp.detach()))
-    n = M.sum()
+    n = GEN.sum()                                           # a mean over generated tokens
     assert loss.item() == pytest.approx((lam * (gate * (teacher - logp.detach()))[M].sum()
                                          / n).item(), rel=1e-5)
     loss.backward()
