@@ -217,9 +217,9 @@ def turn_runs(gen_row):
 
 @torch.no_grad()
 def answer_gains(policy, tokenizer, rollouts, temperature):
-    """BiCAA's gains: g_k = L_k - L_{k-1}, with L_k the token-mean log-prob of the golden answer
-    (as an <answer> action) after the episode's first k turns and their observations (L_0: after
-    the prompt). Returns (gains [N, K] with nan where an episode has no turn k, turn_of_token
+    """BiCAA's gains: g_k = L_k - L_{k-1}, with L_k the token-mean log-prob of the golden answer's
+    tokens, written as an <answer> action after the episode's first k turns and their
+    observations (L_0: after the prompt). Returns (gains [N, K] with nan where an episode has no turn k, turn_of_token
     [N, T] long: each generated token's turn, -1 elsewhere)."""
     N, T = rollouts.input_ids.shape
     turns = [turn_runs(rollouts.gen_mask[i].tolist()) for i in range(N)]
@@ -228,16 +228,18 @@ def answer_gains(policy, tokenizer, rollouts, temperature):
     seqs, scored, owners = [], [], []
     for i, runs in enumerate(turns):
         n = int(rollouts.attention_mask[i].sum())
-        gold = tokenizer.encode(f"{evisd.ANSWER} {rollouts.questions[i].answers[0]} "
-                                f"{evisd.ANSWER_END}", add_special_tokens=False)
+        # the answer action's tokens; only the answer's own (between the tags) are scored
+        opening, answer, closing = (tokenizer.encode(text, add_special_tokens=False) for text in
+                                    (evisd.ANSWER, f" {rollouts.questions[i].answers[0]} ",
+                                     evisd.ANSWER_END))
         ends = [s for s, _ in runs[1:]] + [n]     # prefix after turn k ends where turn k+1 starts
         for k, (s, e) in enumerate(runs):
             turn_of_token[i, s:e] = k
         prefix_ends = [int(rollouts.prompt_len[i])] + ends
         for k, end in enumerate(prefix_ends):
             ids = rollouts.input_ids[i, :end].tolist()
-            seqs.append(ids + gold)
-            scored.append([0] * len(ids) + [1] * len(gold))
+            seqs.append(ids + opening + answer + closing)
+            scored.append([0] * (len(ids) + len(opening)) + [1] * len(answer) + [0] * len(closing))
             owners.append((i, k))
     device = next(policy.parameters()).device
     width = max(map(len, seqs))

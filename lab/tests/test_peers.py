@@ -179,13 +179,15 @@ def test_answer_gains_match_a_manual_forward(step_inputs):
         assert int(turn_of_token[i].max()) == n_turns[i] - 1
     # L_0 and L_1 of episode 0 by hand: the golden answer's token-mean log-prob after the prompt
     # and after the first turn with its observation
-    gold = tok.encode(f"<answer> {r.questions[0].answers[0]} </answer>", add_special_tokens=False)
+    answer = tok.encode(f" {r.questions[0].answers[0]} ", add_special_tokens=False)
+    opening, closing = (tok.encode(t, add_special_tokens=False) for t in ("<answer>", "</answer>"))
     start_2nd = peers.turn_runs(r.gen_mask[0].tolist())[1][0]
     L = []
     for end in (int(r.prompt_len[0]), start_2nd):
-        ids = torch.tensor([r.input_ids[0, :end].tolist() + gold])
-        score = torch.tensor([[0] * end + [1] * len(gold)])
+        ids = torch.tensor([r.input_ids[0, :end].tolist() + opening + answer + closing])
+        score = torch.zeros_like(ids)
+        score[0, end + len(opening):end + len(opening) + len(answer)] = 1
         with torch.no_grad():
             lp = model.token_logprobs(lm, ids, torch.ones_like(ids), score)
-        L.append((lp.sum() / len(gold)).item())
+        L.append((lp.sum() / len(answer)).item())
     assert gains[0, 0].item() == pytest.approx(L[1] - L[0], abs=1e-4)
