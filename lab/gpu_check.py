@@ -1,6 +1,6 @@
 """The GPU check: measure on one CUDA device what docs/one-gpu.md otherwise
-estimates, in about eight minutes (484 s of parts on one H200), every figure written as it
-comes.
+estimates, in about eight minutes (484 s of parts on one H200) plus up to four for the rollout
+table, every figure written as it comes.
 
     python lab/gpu_check.py out/gpu-check                    # on a CUDA machine, all parts
     python lab/gpu_check.py out/gpu-check --parts memory,train   # rerun only what broke
@@ -20,6 +20,10 @@ out of time is recorded with the end of its output while the next one still runs
 * train      config/gpu-small.py cut short: warm-up and RL wall times, seconds per step, held-out
              EM at the end, and the full preset's time projected from them;
 * bench      lab/bench.py on the device: the EviSD/GRPO step ratio, rollout beside plain generate;
+* rollout    lab/bench.py --rollout-only: rollout tokens/s of each decode path (HF generate, the
+             static loop, its compiled step) beside plain generate and the roofline, for tiny,
+             small and a random model of Qwen2.5-0.5B's shape; the compiled path runs in a
+             process of its own, so if it fails the others' figures stand;
 * torchrun   train.py under ``torchrun --nproc_per_node=1`` for two RL steps (NCCL on CUDA).
 
 Results go to OUT/gpu-check.json and OUT/gpu-check.md (rewritten after every part, so a kill
@@ -53,7 +57,8 @@ DRY_TRAIN = ["--MODEL=tiny", "--WORLD_SCALE=0.15", "--SFT_STEPS=4", "--SFT_BATCH
              "--EVAL_QUESTIONS=3", "--EVAL_EVERY=2"]
 
 # Seconds each part may take, at most (the whole run also stops at --budget).
-BOXES = {"versions": 60, "memory": 150, "train": 180, "bench": 75, "torchrun": 60, "tests": 120}
+BOXES = {"versions": 60, "memory": 150, "train": 180, "bench": 75, "rollout": 240, "torchrun": 60,
+         "tests": 120}
 PARTS = tuple(BOXES)
 
 
@@ -270,7 +275,7 @@ def part_bench(check):
     keep = ("params", "episodes", "gen_tokens", "rollout_tok_s", "generate_tok_s", "rollout_s",
             "teacher_s", "grpo_step_s", "evisd_step_s", "peak")
     return {"evisd_step_over_grpo_step": round(result["evisd_step_over_grpo_step"], 3),
-            "rollout_over_generate": round(result["rollout_over_generate"], 3),
+            "rollout_static_over_generate": round(result["rollout_static_over_generate"], 3),
             **{row["config"]: {k: round(row[k], 3) if isinstance(row[k], float) else row[k]
                                for k in keep}
                for row in result["rows"]}}
@@ -295,8 +300,38 @@ def part_torchrun(check):
     return figures
 
 
+def part_rollout(check):
+    """The rollout table: one bench process for the eager paths, one for the compiled step."""
+    if check.dry:      # the CPU: tiny sizes, and no compiled step (minutes of C++ compiling)
+        common = ["--sizes", "tiny", "--shapes", "tiny", "--repeats", "1",
+                  "--QUESTIONS_PER_STEP=2", "--GROUP_SIZE=2", "--MAX_NEW_TOKENS=12"]
+        groups = {"eager": "static,generate"}
+    else:
+        common = ["--sizes", "tiny,small", "--shapes", "qwen2.5-0.5b", "--repeats", "2"]
+        groups = {"eager": "static,generate", "compiled": "compiled,static"}
+    figures, failures = {}, []
+    for name, decodes in groups.items():
+        path = os.path.join(check.work, f"rollout-{name}.json")
+        rc, output = check.python("lab/bench.py", "--device", check.device, "--rollout-only",
+                                  "--decodes", decodes, "--json", path, *common)
+        if rc != 0:
+            failures.append(f"{name}: {'time box' if rc is None else f'exit code {rc}'}: "
+                            f"{tail(output)}")
+            continue
+        result = json.load(open(path))
+        figures["copy_bandwidth_gb_s"] = round(result["copy_bandwidth_gb_s"], 1)
+        for row in result["rows"]:
+            figures.setdefault(row["config"], {}).update(
+                {k: round(v, 3) if isinstance(v, float) else v for k, v in row.items()
+                 if k.startswith(("rollout_", "generate_", "roofline")) or k == "params"})
+    if failures:
+        raise PartFailed("bench.py --rollout-only: " + "; ".join(failures), figures)
+    return figures
+
+
 FUNCTIONS = {"versions": part_versions, "memory": part_memory, "train": part_train,
-             "bench": part_bench, "torchrun": part_torchrun, "tests": part_tests}
+             "bench": part_bench, "rollout": part_rollout, "torchrun": part_torchrun,
+             "tests": part_tests}
 
 
 # ----------------------------------------------------------------------------- the report
@@ -340,7 +375,7 @@ def main(argv):
                     help=f"comma-separated, from {','.join(PARTS)}")
     ap.add_argument("--budget", type=float, default=None,
                     help="seconds for the whole check, parts after it are skipped "
-                    "(default 540; dry mode 2160)")
+                    "(default 780; dry mode 2160)")
     ap.add_argument("--work", default=None,
                     help="scratch directory for runs (default: a temporary one)")
     ap.add_argument("out", help="directory for gpu-check.json, gpu-check.md and gpu-check.log")
@@ -352,7 +387,7 @@ def main(argv):
     os.makedirs(args.out, exist_ok=True)
     work = args.work or tempfile.mkdtemp(prefix="gpu-check-")
     os.makedirs(work, exist_ok=True)
-    budget = args.budget or (2160 if args.dry else 540)
+    budget = args.budget or (2160 if args.dry else 780)
     check = Check(os.path.abspath(args.out), os.path.abspath(work), args.dry, budget)
     previous = os.path.join(check.out, "gpu-check.json")
     if os.path.exists(previous):     # a rerun of some parts keeps the others' results

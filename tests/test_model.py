@@ -3,7 +3,8 @@ import time
 
 import pytest
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer, LogitsProcessor, LogitsProcessorList
+from transformers import (AutoModelForCausalLM, AutoTokenizer, GenerationConfig, LogitsProcessor,
+                          LogitsProcessorList)
 
 import model
 import search_env
@@ -406,10 +407,10 @@ def test_rollout_stops_at_stop_strings_with_exact_spans(which, request, world):
 
 
 # ---------------------------------------------------------------------- the static decode
-def rollout_both_ways(lm, tok, world, greedy, seed=5):
+def rollout_both_ways(lm, tok, world, greedy, decodes=("generate", "static"), seed=5):
     """The same episodes rolled out by HF generate and by the static decode, from one seed."""
     out = []
-    for decode in ("generate", "static"):
+    for decode in decodes:
         torch.manual_seed(seed)
         envs = search_env.episodes(world, world.split("train")[:6], 3, max_turns=3)
         out.append(model.rollout(lm, tok, envs, max_new_tokens=32, temperature=0.7,
@@ -427,6 +428,11 @@ def test_static_decode_samples_what_generate_samples(which, greedy, request, wor
     monkeypatch.setattr(model.KVCache, "BLOCK", 16)
     lm, tok = ((request.getfixturevalue("trained"), request.getfixturevalue("tok"))
                if which == "embedded" else request.getfixturevalue("standin"))
+    # Only the eos ids of the stand-in's generation config: transformers 4.56's generate lets
+    # its sampling defaults (top_p 0.8, repetition penalty) override pinned values equal to
+    # generate's own defaults, and then it does not sample what it was asked to.
+    monkeypatch.setattr(lm, "generation_config", GenerationConfig(
+        eos_token_id=lm.generation_config.eos_token_id, pad_token_id=tok.pad_token_id))
     a, b = rollout_both_ways(lm, tok, world, greedy)
     assert a.input_ids.shape == b.input_ids.shape and a.gen_mask.sum() > 200
     for field in ("input_ids", "attention_mask", "gen_mask", "info_mask", "action_kind", "turns"):
@@ -435,6 +441,10 @@ def test_static_decode_samples_what_generate_samples(which, greedy, request, wor
     if which == "embedded":
         kinds = [k for s in b.spans for _, _, k, _ in s]
         assert "search" in kinds and "answer" in kinds          # turns ended at stop strings
+    else:   # the stand-in's own sampling defaults back: the static loop never reads them
+        monkeypatch.undo()
+        assert torch.equal(rollout_both_ways(lm, tok, world, greedy, ["static"])[0].input_ids,
+                           b.input_ids)
     _check_masks(b, tok, world)
 
 

@@ -36,6 +36,11 @@ def test_dry_mode_runs_every_part_and_writes_the_report(tmp_path):
     assert (f["train"]["rl_steps"] == 2 and f["train"]["warmup_s"] > 0
             and f["train"]["heldout_last"]["step"] == 2)
     assert f["bench"]["evisd_step_over_grpo_step"] > 0 and f["bench"]["tiny"]["episodes"] == 4
+    # the rollout table: both eager decode paths, plain generate and the roofline, per config
+    for config in ("tiny", "tiny-shape"):
+        row = f["rollout"][config]
+        assert row["rollout_static_tok_s"] > 0 and row["rollout_generate_tok_s"] > 0
+        assert row["generate_tok_s"] > 0 and 0 < row["rollout_static_of_roofline"] < 1
     assert f["torchrun"] == {"processes": 1, "backend": "gloo", "rows": 2, "checkpoint": True}
     report = open(out / "gpu-check.md").read()
     assert "| torchrun | ok |" in report and "| rl_step_s |" in report
