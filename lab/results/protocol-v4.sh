@@ -3,10 +3,14 @@
 # regime. Written and committed before any run of it, and before part 1
 # (protocol-v4-regime.sh, GRPO only) has chosen the regime; the one line REGIME below is filled
 # in, in its own commit, once part 1's decision rule has chosen, and before any method but GRPO
-# runs on it. Run from the repository root:
-#   nohup bash lab/results/protocol-v4.sh > out/v4/protocol.log 2>&1 &
-# Restartable: a finished run (its ckpt-000060 and held-out EM) is skipped, an interrupted one
-# continues with --resume; each run logs to out/v4/log-<method>-s<seed>.txt.
+# runs on it. Run from the repository root, the runs as two shards of one thread each (two
+# processes of two threads on two shared cores spin and crawl), then the report:
+#   OMP_NUM_THREADS=1 nohup bash lab/results/protocol-v4.sh runs 0 2 > out/v4/shard0.log 2>&1 &
+#   OMP_NUM_THREADS=1 nohup bash lab/results/protocol-v4.sh runs 1 2 > out/v4/shard1.log 2>&1 &
+#   bash lab/results/protocol-v4.sh report          # once both shards are done
+# Shard k of n plays the seeds s with s % n == k. Restartable: a finished run (its ckpt-000060
+# and held-out EM) is skipped, an interrupted one continues with --resume; each run logs to
+# out/v4/log-<method>-s<seed>.txt.
 #
 # Runs, all with the regime's overrides and train.py's defaults otherwise (tiny model with the
 # previous-token head, 750 warm-up steps, 60 RL steps of 8 questions x 8 samples, EVAL_EVERY=10):
@@ -56,12 +60,23 @@ train() {   # method seed
   python evaluate.py "$run" --worlds $EVAL_WORLDS_V4 > /dev/null 2>> "$V/log-$method-s$seed.txt"
 }
 
-for s in 0 1 2 3 4 5 6 7 8 9; do
-  for m in grpo evisd rlsd opsd sdar sd_search bicaa; do train $m "$s"; done
-done
-for s in $(seq 10 29); do
-  for m in grpo evisd; do train $m "$s"; done
-done
+if [ "${1:-}" = runs ]; then
+  shard=${2:-0} shards=${3:-1}
+  for s in 0 1 2 3 4 5 6 7 8 9; do
+    if [ $((s % shards)) -ne "$shard" ]; then continue; fi
+    for m in grpo evisd rlsd opsd sdar sd_search bicaa; do train $m "$s"; done
+  done
+  for s in $(seq 10 29); do
+    if [ $((s % shards)) -ne "$shard" ]; then continue; fi
+    for m in grpo evisd; do train $m "$s"; done
+  done
+  echo "$(date +%T) shard $shard of $shards done"
+  exit 0
+fi
+if [ "${1:-}" != report ]; then
+  echo "usage: bash lab/results/protocol-v4.sh runs SHARD SHARDS | report" >&2
+  exit 1
+fi
 
 # The report card of every rule on the warm-up of seed 0 (validation questions), in the regime
 # and in the default toy: RL_STEPS=0 saves the warm-up as ckpt-000000.
