@@ -554,7 +554,7 @@ class StopTokens:
 def stop_tokens(tokenizer, eos_ids, vocab_size):
     """StopTokens of a tokenizer, for a model of ``vocab_size`` outputs (ids past the
     tokenizer's, a padded embedding's, end nothing)."""
-    texts = tokenizer.batch_decode([[i] for i in range(len(tokenizer))])
+    texts = [tokenizer.decode([i]) for i in range(len(tokenizer))]
     last_chars = {s[-1] for s in STOP_STRINGS}
     may_stop = torch.zeros(vocab_size, dtype=torch.bool)
     may_stop[:len(texts)] = torch.tensor([any(c in t for c in last_chars) for t in texts])
