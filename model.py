@@ -309,7 +309,8 @@ def rollout(policy, tokenizer, envs, max_new_tokens=64, temperature=1.0, greedy=
 
     ``decode`` (train.DECODE): "static", our own sampling loop over a pre-allocated KV cache
     (decode_turn); "compiled", the same with its one-token step compiled (CUDA graphs on a GPU);
-    "generate", HF ``generate`` once per turn. Sampling draws the same random numbers in each.
+    "generate", HF ``generate`` once per turn. For a seed the static loop samples the tokens
+    generate samples (tests/test_model.py); the compiled step's fused kernels may round apart.
     """
     if decode not in DECODES:
         raise ValueError(f"unknown decode {decode!r}; allowed: {DECODES}")
