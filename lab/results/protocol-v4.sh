@@ -41,7 +41,7 @@
 set -euo pipefail
 V=out/v4
 EVAL_WORLDS_V4=18
-REGIME=""    # filled in from part 1's decision, in its own commit
+REGIME="--SFT_STOP_EARLY=0.95 --SFT_PARTIAL_NAME=0.95"   # part 1 chose R3: regime-v4.md
 if [ -z "$REGIME" ]; then
   echo "the regime is not chosen yet: run lab/results/protocol-v4-regime.sh first" >&2
   exit 1
