@@ -3,8 +3,8 @@ import time
 
 import pytest
 import torch
-from transformers import (AutoModelForCausalLM, AutoTokenizer, GenerationConfig, LogitsProcessor,
-                          LogitsProcessorList)
+from transformers import (AutoModelForCausalLM, AutoTokenizer, GenerationConfig, LlamaConfig,
+                          LlamaForCausalLM, LogitsProcessor, LogitsProcessorList)
 
 import model
 import search_env
@@ -418,16 +418,27 @@ def rollout_both_ways(lm, tok, world, greedy, decodes=("generate", "static"), se
     return out
 
 
-@pytest.mark.parametrize("which", ["embedded", "pretrained-style"])
+@pytest.fixture(scope="module")
+def llama(tok):
+    """A small random Llama (no attention biases, its own RoPE module) on the embedded tokenizer."""
+    torch.manual_seed(0)
+    config = LlamaConfig(vocab_size=len(tok), hidden_size=64, intermediate_size=128,
+                         num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                         pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id)
+    return LlamaForCausalLM(config).eval(), tok
+
+
+@pytest.mark.parametrize("which", ["embedded", "pretrained-style", "llama"])
 @pytest.mark.parametrize("greedy", [True, False])
 def test_static_decode_samples_what_generate_samples(which, greedy, request, world, monkeypatch):
     """Same seed, same tokens: the static loop draws the same random numbers as generate for
     the same logits, stops at the same tokens, and keeps the same transcripts (embedded model:
     trained so it writes tagged actions; pretrained-style: Qwen2-shaped, tags of several
-    tokens). A small cache block makes the cache grow mid-rollout."""
+    tokens; a random Llama). A small cache block makes the cache grow mid-rollout."""
     monkeypatch.setattr(model.KVCache, "BLOCK", 16)
     lm, tok = ((request.getfixturevalue("trained"), request.getfixturevalue("tok"))
-               if which == "embedded" else request.getfixturevalue("standin"))
+               if which == "embedded" else request.getfixturevalue(
+                   "standin" if which == "pretrained-style" else "llama"))
     # Only the eos ids of the stand-in's generation config: transformers 4.56's generate lets
     # its sampling defaults (top_p 0.8, repetition penalty) override pinned values equal to
     # generate's own defaults, and then it does not sample what it was asked to.
@@ -441,7 +452,7 @@ def test_static_decode_samples_what_generate_samples(which, greedy, request, wor
     if which == "embedded":
         kinds = [k for s in b.spans for _, _, k, _ in s]
         assert "search" in kinds and "answer" in kinds          # turns ended at stop strings
-    else:   # the stand-in's own sampling defaults back: the static loop never reads them
+    elif which == "pretrained-style":   # its own sampling defaults back: the loop never reads them
         monkeypatch.undo()
         assert torch.equal(rollout_both_ways(lm, tok, world, greedy, ["static"])[0].input_ids,
                            b.input_ids)
