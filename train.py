@@ -103,6 +103,8 @@ OUT_DIR = "out/run"
 DEVICE = "auto"              # "auto" (CUDA if there is one) | "cpu" | "cuda" | "cuda:N"
 DTYPE = "auto"               # "auto" (bf16 on CUDA if supported) | "float32" | "bfloat16"
 GRADIENT_CHECKPOINTING = False  # recompute activations in backward: memory for real models
+DECODE = "static"            # rollouts: "static" (own loop, pre-allocated KV cache) |
+                             # "compiled" (its step compiled: CUDA graphs) | "generate" (HF)
 MAX_BAD_STEPS = 5            # consecutive non-finite losses before stopping
 
 CONFIG_KEYS = [k for k, v in list(globals().items())
@@ -127,6 +129,7 @@ SCHEMA = runs.Schema(
     choices={"METHOD": ("evisd", "grpo") + PEERS, "EVIDENCE_AT": ("first", "every"),
              "ANSWER_AT": ("tag", "content"), "EVISD_SPAN": ("action", "content"),
              "DTYPE": ("auto", "float32", "bfloat16", "float16"),
+             "DECODE": model.DECODES,
              "DATA": ("toy", "hotpotqa", "2wiki", "musique", "jsonl"),
              "EVIDENCE": ("auto", "sentences", "paragraphs", "answer_passages",
                           "answer_only")},
@@ -192,7 +195,8 @@ def rl_step(cfg, step, policy, reference, tokenizer, optimizer):
         world.split("train"), cfg["QUESTIONS_PER_STEP"])[rank::world_size]
     envs = search_env.episodes(world, questions, cfg["GROUP_SIZE"], cfg["MAX_TURNS"], cfg["TOP_K"])
     with model.autocast(device, dtype):
-        r = model.rollout(policy, tokenizer, envs, cfg["MAX_NEW_TOKENS"], cfg["TEMPERATURE"])
+        r = model.rollout(policy, tokenizer, envs, cfg["MAX_NEW_TOKENS"], cfg["TEMPERATURE"],
+                          decode=cfg["DECODE"])
     t_rollout = time.perf_counter() - t0
     ids, attention = r.input_ids.to(device), r.attention_mask.to(device)   # [N, T]
     gen_mask = r.gen_mask.to(device)       # [N, T] model-written tokens: the loss mask
