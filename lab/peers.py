@@ -219,8 +219,8 @@ def turn_runs(gen_row):
 def answer_gains(policy, tokenizer, rollouts, temperature):
     """BiCAA's gains: g_k = L_k - L_{k-1}, with L_k the token-mean log-prob of the golden answer's
     tokens, written as an <answer> action after the episode's first k turns and their
-    observations (L_0: after the prompt). Returns (gains [N, K] with nan where an episode has no turn k, turn_of_token
-    [N, T] long: each generated token's turn, -1 elsewhere)."""
+    observations (L_0: after the prompt). Returns (gains [N, K] with nan where an episode has
+    no turn k, turn_of_token [N, T] long: each generated token's turn, -1 elsewhere)."""
     N, T = rollouts.input_ids.shape
     turns = [turn_runs(rollouts.gen_mask[i].tolist()) for i in range(N)]
     K = max(len(t) for t in turns)
