@@ -3,11 +3,12 @@ rebuilt on any machine, checkpoints or not, and read while protocol-v4.sh is sti
 
     python lab/results/v4_tables.py [lab/results/v4-runs]
 
-For every method, against GRPO on the seeds both have: the mean paired difference and its 95%
-t-interval (evaluate.paired_differences) for held-out macro, 1-hop and 2-hop EM (18 worlds) and
-for learning speed (lab/curves.py: clear step and area of each habit, the quick check's area),
-with the number of seeds, the sd of the macro differences and the half-width reached. Trains and
-evaluates nothing.
+Three tables: each method's own held-out EM (mean over its seeds); every method against GRPO on
+the seeds both have, and every peer against EviSD on the seeds both have (the protocol's two
+readings): the mean paired difference and its 95% t-interval (evaluate.paired_differences) for
+held-out macro, 1-hop and 2-hop EM (18 worlds) and for learning speed (lab/curves.py: clear step
+of each habit, the quick check's area), with the number of seeds, the sd of the macro
+differences and the half-width reached. Trains and evaluates nothing.
 """
 import glob
 import json
@@ -40,31 +41,52 @@ def rows(folder):
     return out
 
 
-def table(all_rows):
+def means(all_rows):
+    """Each method's own held-out EM, averaged over its seeds."""
+    lines = ["| method | seeds | macro | 1-hop | 2-hop | seeds with 2-hop EM > 0.1 |",
+             "|---|---|---|---|---|---|"]
+    for m in ("grpo",) + METHODS:
+        mine = [r for r in all_rows if r["method"] == m]
+        if not mine:
+            continue
+        avg = {k: statistics.mean(r[k] for r in mine) for k in ("macro", "hop1", "hop2")}
+        escaped = sum(r["hop2"] > 0.1 for r in mine)
+        lines.append(f"| {m} | {len(mine)} | {avg['macro']:.3f} | {avg['hop1']:.3f} | "
+                     f"{avg['hop2']:.3f} | {escaped} of {len(mine)} |")
+    return "\n".join(lines)
+
+
+def table(all_rows, baseline="grpo", methods=METHODS):
+    """Paired differences of `methods` against `baseline`, one row per method."""
     keys = evaluate.PAIRED_KEYS + curves.SPEED_KEYS
-    paired = evaluate.paired_differences(all_rows, "grpo", keys)
-    grpo = [r for r in all_rows if r["method"] == "grpo"]
+    paired = evaluate.paired_differences(all_rows, baseline, keys)
     fmt = evaluate._interval
-    lines = [f"GRPO: {len(grpo)} runs, held-out macro mean "
-             f"{statistics.mean(r['macro'] for r in grpo):.3f}" if grpo else "no GRPO run yet", "",
-             "| method | seeds | macro − GRPO [95%] | sd | 1-hop | 2-hop | premature clear | "
-             "partial clear | quick-check area |",
-             "|---|---|---|---|---|---|---|---|---|"]
-    for m in METHODS:
+    name = {"grpo": "GRPO", "evisd": "EviSD"}.get(baseline, baseline)
+    lines = [f"| method | seeds | macro − {name} [95%] | sd | half-width | 1-hop | 2-hop | "
+             "premature clear | partial clear | quick-check area |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
+    for m in methods:
         if m not in paired:
             continue
         p = paired[m]
         iv = p["intervals"]
         diffs = [p["diff"][s]["macro"] for s in p["seeds"] if p["diff"][s]["macro"] is not None]
         sd = f"{statistics.stdev(diffs):.3f}" if len(diffs) > 1 else "–"
+        half = f"{(iv['macro'][2] - iv['macro'][1]) / 2:.3f}" if "macro" in iv else "–"
         cells = [fmt(*iv[k]) if k in iv else "–"
                  for k in ("macro", "hop1", "hop2", "premature_clear", "partial_clear",
                            "quick_area")]
-        lines.append(f"| {m} | {len(p['seeds'])} | {cells[0]} | {sd} | " + " | ".join(cells[1:])
-                     + " |")
+        lines.append(f"| {m} | {len(p['seeds'])} | {cells[0]} | {sd} | {half} | "
+                     + " | ".join(cells[1:]) + " |")
     return "\n".join(lines)
 
 
 if __name__ == "__main__":
-    print(table(rows(sys.argv[1] if len(sys.argv) > 1 else
-                     os.path.join(os.path.dirname(os.path.abspath(__file__)), "v4-runs"))))
+    records = rows(sys.argv[1] if len(sys.argv) > 1 else
+                   os.path.join(os.path.dirname(os.path.abspath(__file__)), "v4-runs"))
+    print("Held-out EM of each method (18 worlds, final checkpoint, greedy)\n")
+    print(means(records))
+    print("\nEvery method against GRPO, paired by seed\n")
+    print(table(records))
+    print("\nEvery peer against EviSD, paired by seed\n")
+    print(table(records, "evisd", METHODS[1:]))
