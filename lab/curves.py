@@ -20,6 +20,7 @@ import os
 HABITS = {"label_search_partial": "partial", "label_answer_premature": "premature"}
 CLEAR_BELOW = 0.02   # 2% of searches (of answers): about 2 of a batch's ~100 searches
 WINDOW = 3           # steps; short, since both habits are gone within ~15 steps
+LEGEND_MAX_RUNS = 24   # a legend entry per run up to this many runs
 SPEED_KEYS = tuple(f"{h}_{m}" for h in HABITS.values() for m in ("clear", "area")) + ("quick_area",)
 
 
@@ -105,13 +106,20 @@ def plot_curves(rows, metrics, path):
             curves = by_group[g][key]
             xs = sorted(set.intersection(*(set(c) for c in curves))) if curves else []
             if xs:
+                # a hue per method too: beyond four methods the line styles repeat
                 ax.plot(xs, [sum(c[x] for c in curves) / len(curves) for x in xs],
-                        styles[groups.index(g) % len(styles)], color="k", lw=1.6, label=g)
+                        styles[groups.index(g) % len(styles)],
+                        color=plt.cm.tab10(groups.index(g) % 10), lw=1.6, label=g)
         ax.set_title(f"mean of the {len(shared)} seeds all share: {title}", fontsize=9)
         ax.set_xlabel("RL step")
         if ax.lines:
             ax.legend(fontsize=7)
-    axes[0][-1].legend(fontsize=6, ncol=2)
+    # A legend of every run fits up to a few dozen; beyond, it would cover the panels.
+    if len(rows) <= LEGEND_MAX_RUNS:
+        axes[0][-1].legend(fontsize=6, ncol=2)
+    else:
+        axes[0][0].text(0.0, 1.12, f"{len(rows)} runs: colour = seed, line style = method",
+                        transform=axes[0][0].transAxes, fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)

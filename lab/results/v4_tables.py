@@ -1,14 +1,15 @@
 """Benchmark v4's paired table from the runs' records alone (lab/results/v4-runs/), so it can be
 rebuilt on any machine, checkpoints or not, and read while protocol-v4.sh is still running.
 
-    python lab/results/v4_tables.py [lab/results/v4-runs]
+    python lab/results/v4_tables.py [lab/results/v4-runs] [--plot curves-v4.png]
 
 Three tables: each method's own held-out EM (mean over its seeds); every method against GRPO on
 the seeds both have, and every peer against EviSD on the seeds both have (the protocol's two
 readings): the mean paired difference and its 95% t-interval (evaluate.paired_differences) for
 held-out macro, 1-hop and 2-hop EM (18 worlds) and for learning speed (lab/curves.py: clear step
 of each habit, the quick check's area), with the number of seeds, the sd of the macro
-differences and the half-width reached. Trains and evaluates nothing.
+differences and the half-width reached. --plot draws the learning curves of every run from the
+same records (lab/curves.py). Trains and evaluates nothing.
 """
 import glob
 import json
@@ -35,7 +36,8 @@ def rows(folder):
         if em is None:
             continue
         metrics = [json.loads(line) for line in open(os.path.join(d, "metrics.jsonl"))]
-        out.append({"group": cfg["METHOD"], "method": cfg["METHOD"], "seed": cfg["SEED"],
+        out.append({"run": d, "metrics": metrics,
+                    "group": cfg["METHOD"], "method": cfg["METHOD"], "seed": cfg["SEED"],
                     **{k: em.get(k) for k in ("macro", "hop1", "hop2", "hop3")},
                     **curves.speed(metrics, cfg["RL_STEPS"])})
     return out
@@ -82,7 +84,13 @@ def table(all_rows, baseline="grpo", methods=METHODS):
 
 
 if __name__ == "__main__":
-    records = rows(sys.argv[1] if len(sys.argv) > 1 else
+    args = sys.argv[1:]
+    plot = None
+    if "--plot" in args:
+        i = args.index("--plot")
+        plot = args[i + 1]
+        del args[i:i + 2]
+    records = rows(args[0] if args else
                    os.path.join(os.path.dirname(os.path.abspath(__file__)), "v4-runs"))
     print("Held-out EM of each method (18 worlds, final checkpoint, greedy)\n")
     print(means(records))
@@ -90,3 +98,8 @@ if __name__ == "__main__":
     print(table(records))
     print("\nEvery peer against EviSD, paired by seed\n")
     print(table(records, "evisd", METHODS[1:]))
+    if plot:
+        # GRPO first, then the methods in the protocol's order: the curves' line styles follow it
+        order = ("grpo",) + METHODS
+        records.sort(key=lambda r: (order.index(r["method"]), r["seed"]))
+        print("wrote", curves.plot_curves(records, {r["run"]: r["metrics"] for r in records}, plot))
