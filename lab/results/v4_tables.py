@@ -1,5 +1,5 @@
 """Benchmark v4's paired table from the runs' records alone (lab/results/v4-runs/), so it can be
-rebuilt on any machine, checkpoints or not, and read while protocol-v4.sh is still running.
+rebuilt on any machine, checkpoints or not (and read while protocol-v4.sh runs).
 
     python lab/results/v4_tables.py [lab/results/v4-runs] [--plot curves-v4.png]
 
