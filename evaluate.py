@@ -162,13 +162,18 @@ def t_interval(values):
 
 
 # ----------------------------------------------------------------------------- runs
+def em_key(cfg, worlds, validation=False):
+    """The key of ``heldout-em.json``: what was scored (worlds and EVAL_SEED, or the dev file)."""
+    scored = f"{worlds} worlds from {cfg['EVAL_SEED']}" if cfg["DATA"] == "toy" \
+        else f"{cfg['DATA']} {cfg['DATA_DEV']}"
+    return scored + (" down (validation)" if validation else "")
+
+
 def cached_em(checkpoint, policy, tokenizer, cfg, worlds, validation=False):
     """``heldout_by_hops``, kept in the checkpoint's ``heldout-em.json`` per (worlds, EVAL_SEED,
     held-out or validation): a checkpoint never changes, so a long protocol evaluates each model
     once (delete the file after changing the evaluation code)."""
-    scored = f"{worlds} worlds from {cfg['EVAL_SEED']}" if cfg["DATA"] == "toy" \
-        else f"{cfg['DATA']} {cfg['DATA_DEV']}"
-    key = scored + (" down (validation)" if validation else "")
+    key = em_key(cfg, worlds, validation)
     path = os.path.join(checkpoint, "heldout-em.json")
     cache = json.load(open(path)) if os.path.exists(path) else {}
     if key not in cache:

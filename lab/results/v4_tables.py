@@ -20,8 +20,9 @@ import sys
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
 from lab import curves  # noqa: E402
 import evaluate   # noqa: E402
+import runs   # noqa: E402
 
-HELD_OUT = "18 worlds from 1000000"      # the cache key of protocol-v4.sh's evaluation
+WORLDS = 18          # protocol-v4.sh's EVAL_WORLDS_V4
 METHODS = ("evisd", "rlsd", "opsd", "sdar", "sd_search", "bicaa")
 
 
@@ -32,10 +33,10 @@ def rows(folder):
         if os.path.basename(d).startswith("probe-"):
             continue
         cfg = json.load(open(os.path.join(d, "config.json")))
-        em = json.load(open(os.path.join(d, "heldout-em.json"))).get(HELD_OUT)
+        em = json.load(open(os.path.join(d, "heldout-em.json"))).get(evaluate.em_key(cfg, WORLDS))
         if em is None:
             continue
-        metrics = [json.loads(line) for line in open(os.path.join(d, "metrics.jsonl"))]
+        metrics = runs.read_metrics(d)
         out.append({"run": d, "metrics": metrics,
                     "group": cfg["METHOD"], "method": cfg["METHOD"], "seed": cfg["SEED"],
                     **{k: em.get(k) for k in ("macro", "hop1", "hop2", "hop3")},
