@@ -31,6 +31,7 @@ import torch
 from tqdm import tqdm
 
 import model
+import rollout
 import runs
 import search_env
 import toy_world
@@ -76,7 +77,7 @@ def greedy_episodes(policy, tokenizer, cfg, world, questions, dtype=torch.float3
         envs = search_env.episodes(world, questions[c:c + EVAL_BATCH], 1, cfg["MAX_TURNS"],
                                    cfg["TOP_K"])
         with model.autocast(device, dtype):
-            r = model.rollout(policy, tokenizer, envs, cfg["MAX_NEW_TOKENS"], greedy=True)
+            r = rollout.rollout(policy, tokenizer, envs, cfg["MAX_NEW_TOKENS"], greedy=True)
         rewards, answers = rewards + [r.rewards], answers + r.answers
     return torch.cat(rewards), answers
 

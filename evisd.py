@@ -1,12 +1,13 @@
 """EviSD: evidence-conditioned self-distillation as a bounded correction of GRPO advantages.
 
 The student acted from the normal context. The *same* model, with no gradient, re-scores the
-student's action tokens under a privileged, action-aligned context: the question's gold
-evidence (formatted exactly like retrieved information) before each of its search actions, and
-the golden answer inside its answer action, after the opening <answer> tag. The detached gap
-between the two log-probs tells which action tokens the evidence makes more or less likely;
-it corrects the GRPO advantage of the content tokens of those actions by at most lambda * |A|,
-so it never changes the sign the outcome reward chose and does nothing where A = 0:
+student's own tokens as a privileged teacher, under an action-aligned context: a search action's
+teacher reads the question's gold evidence (formatted exactly like retrieved information) and
+never the golden answer; an answer action's teacher reads the golden answer and never the
+evidence. The detached gap between the two log-probs says which tokens the privilege makes
+more or less likely; it corrects the GRPO advantage of the content tokens of those actions by at
+most lambda * |A|, so it never changes the sign the outcome reward chose and does nothing where
+A = 0:
 
     delta_t = stopgrad(log p_teacher(y_t) - log p_student(y_t))
     Â_t     = A + lambda * |A| * m_t * tanh(tau * delta_t)        lambda = 0.2, tau = 5
@@ -15,62 +16,115 @@ m_t is 1 on the content tokens of generated search and answer actions (the query
 their tags, the thinking and the retrieved information keep the plain A (the last is never
 trained on). This is the EviSD paper's rule (arXiv 2608.01359) as a detailed public summary of
 it gives it, with its defaults; we have not seen the paper's own equation. Nothing changes at
-inference time: the teacher exists only inside a training step. Its peers' rules, which turn
-the same gap into credit in other forms (RLSD, OPSD, SDAR, SD-Search, BiCAA), are in the lab:
-lab/peers.py.
+inference time: the teacher exists only inside a training step.
 
-The paper leaves three choices open; ``Settings`` names them (train.py's EVIDENCE_AT,
-ANSWER_AT, EVISD_SPAN) and lab/results/results-v2.md measures the first two: the evidence
-block before every search or once before the first; the answer block after the opening
-<answer> tag (it informs only the answer's content) or before it (it also informs the decision
-to answer, and approves answering too early); and whether the tags (the decision to search or
-to answer) are corrected too, as this code did before the paper's rule (benchmarks v1-v3).
+Each row of the paper's ablation table is one field of ``Settings`` (train.py's EviSD block):
+the span m covers (``span``), the form of credit (``form``: the bounded modulation or a gated
+distillation loss), which actions are privileged (``evidence``, ``answer``) and whether each kind
+reads its own block or one shared block (``context``). The peers' rules, which turn the same gap
+into credit in other forms (RLSD, OPSD, SDAR, SD-Search, BiCAA), are in the lab: lab/peers.py.
 
-Reading order: ``corrected_advantages`` (what train.rl_step calls), then the teacher's context
-(``insert_privileged``, ``teacher_logprobs``), then the formula (``evisd_correction``).
+Reading order: ``credit`` (what train.rl_step calls), then the teacher's context
+(``teachers``, ``teacher_sequence``, ``teacher_logprobs``), then the formulas
+(``evisd_correction``, ``gated_distillation_loss``).
 """
 from dataclasses import dataclass
 
 import torch
 
-from model import KIND_IDS, Transcript, tag_length, token_at, token_logprobs
-from search_env import (ANSWER, ANSWER_END, INFO, INFO_END, SEARCH, SEARCH_END,
-                        format_information)
+from model import token_logprobs
+from rollout import KIND_IDS, Transcript
+from search_env import INFO, INFO_END, format_information
 
 
 @dataclass(frozen=True)
 class Settings:
     """EviSD's constants (train.py's EviSD block): what the teacher reads, where, and how its
-    gap reaches the advantage."""
-    evidence: bool = True        # gold evidence before search actions (USE_SEARCH_EVIDENCE)
-    answer: bool = True          # golden answer before the answer action (USE_ANSWER_PRIVILEGE)
-    evidence_at: str = "every"   # "every": a block before each search | "first": once, before it
+    gap reaches the credit."""
+    evidence: bool = True        # search actions read the gold evidence (USE_SEARCH_EVIDENCE)
+    answer: bool = True          # the answer action reads the golden answer (USE_ANSWER_PRIVILEGE)
+    context: str = "aligned"     # "aligned": each kind its own block | "shared": both, every action
+    evidence_at: str = "every"   # "every": a block before each turn scored | "first": once
     answer_at: str = "content"   # "content": right after the opening <answer> | "tag": before it
-    span: str = "content"        # "content": query/answer tokens | "action": with both tags
-    lam: float = 0.2             # the correction's bound, as a fraction of |A| (EVISD_LAMBDA)
-    tau: float = 5.0             # the gap's scale inside tanh (EVISD_TAU)
+    span: str = "content"        # m: "content" | "action" (and tags) | "response" (every token)
+    form: str = "bounded"        # "bounded": modulate A | "gated_loss": A, plus a distillation loss
+    lam: float = 0.2             # the bounded correction's bound, as a fraction of |A|
+    tau: float = 5.0             # the gap's scale inside tanh (and inside the gated loss's gate)
+    gate_coef: float = 0.01      # the gated loss's coefficient (EVISD_GATE_COEF)
     temperature: float = 1.0     # the teacher scores at the sampling temperature (TEMPERATURE)
 
+    @property
+    def scored(self):
+        """The span the teacher scores: ``span``, or the whole response for the gated loss (the
+        paper's row is a response-wide loss)."""
+        return "response" if self.form == "gated_loss" else self.span
 
-def corrected_advantages(policy, tokenizer, world, rollouts, adv, student_logp, settings):
-    """EviSD's token advantages for one batch: the teacher's re-scoring, then the correction.
+
+def credit(policy, tokenizer, world, rollouts, adv, student_logp, settings):
+    """EviSD's credit for one batch: the teacher's re-scoring, then the correction.
 
     adv [N] (grpo.group_advantages); student_logp [N, T], the policy's detached log-probs of the
-    batch. Returns (token_adv [N, T], teacher_logp [N, T]); where the teacher did not score,
-    teacher_logp is the student's (a zero gap).
+    batch. Returns (token_adv [N, T], teacher_logp [N, T], extra_loss): where the teacher did not
+    score, teacher_logp is the student's (a zero gap). The bounded form modulates A and adds no
+    loss (extra_loss None); the gated loss keeps GRPO's A and returns
+    ``extra_loss(policy, logp)``, the term train.rl_step adds to the policy loss.
     """
-    # A = 0 gives Â = 0 whatever the teacher says: only episodes with A != 0 are re-scored.
-    rows = adv.nonzero().squeeze(1).tolist()
-    teacher_logp = teacher_logprobs(policy, tokenizer, world, rollouts, student_logp, rows,
-                                    settings)
     device = adv.device
-    token_adv = evisd_correction(adv, teacher_logp - student_logp, rollouts.gen_mask.to(device),
-                                 correction_mask(rollouts, tokenizer, settings).to(device),
-                                 settings.lam, settings.tau)
-    return token_adv, teacher_logp
+    gen_mask = rollouts.gen_mask.to(device)                           # [N, T]
+    mask = correction_mask(rollouts, settings).to(device)             # m [N, T]
+    if settings.form == "bounded":
+        # A = 0 gives Â = 0 whatever the teacher says: only episodes with A != 0 are re-scored.
+        rows = adv.nonzero().squeeze(1).tolist()
+        teacher_logp = teacher_logprobs(policy, tokenizer, world, rollouts, student_logp, rows,
+                                        settings)
+        token_adv = evisd_correction(adv, teacher_logp - student_logp, gen_mask, mask,
+                                     settings.lam, settings.tau)
+        return token_adv, teacher_logp, None
+    # The gated loss acts where A = 0 too: every episode is re-scored.
+    teacher_logp = teacher_logprobs(policy, tokenizer, world, rollouts, student_logp,
+                                    list(range(len(adv))), settings)
+
+    def extra_loss(policy, logp):
+        return gated_distillation_loss(logp, teacher_logp, gen_mask, mask, settings.gate_coef,
+                                       settings.tau)
+    return adv[:, None] * gen_mask, teacher_logp, extra_loss
 
 
-# ----------------------------------------------------------------------------- privileged context
+# ----------------------------------------------------------------------------- which tokens
+def scored_range(span, scored):
+    """The token range [lo, hi) of one turn (rollout.Span) that span setting ``scored`` covers:
+    its content, its whole action (tags too), or the whole turn (thinking too)."""
+    if scored == "content":
+        return span.content_start, span.content_end
+    if scored == "action":
+        return span.action, span.end
+    return span.start, span.end
+
+
+def scored_turns(spans, settings):
+    """(searching turns, answer turns): the turns of one episode (rollout.Span) a teacher scores.
+    A kind that is not privileged (USE_SEARCH_EVIDENCE=False: the answer-only row) is neither
+    scored nor corrected. Under the "response" span every generated turn is scored, invalid
+    ones with the searches: a turn that does not answer is still looking for evidence."""
+    searches = [s for s in spans if s.kind == "search"
+                or (s.kind == "invalid" and settings.scored == "response")]
+    answers = [s for s in spans if s.kind == "answer"]
+    return searches if settings.evidence else [], answers if settings.answer else []
+
+
+def correction_mask(rollouts, settings):
+    """m [N, T] bool: the generated tokens whose credit the gap may change, the scored range of
+    every turn a teacher scores (``scored_turns``, ``scored_range``)."""
+    mask = torch.zeros_like(rollouts.gen_mask, dtype=torch.bool)
+    for i, spans in enumerate(rollouts.spans):
+        for turns in scored_turns(spans, settings):
+            for span in turns:
+                lo, hi = scored_range(span, settings.scored)
+                mask[i, lo:hi] = True
+    return mask & rollouts.gen_mask.bool()
+
+
+# ----------------------------------------------------------------------------- teacher context
 def answer_block(answers):
     """The golden answer in a short block of the same style as retrieved information."""
     return f"{INFO} the answer is {answers[0]}. {INFO_END}"
@@ -84,29 +138,42 @@ def privileged_ids(tokenizer, question, world):
             tokenizer.encode(answer_block(question.answers), add_special_tokens=False))
 
 
-def insert_privileged(tr, evidence_ids, answer_ids, settings, tokenizer=None):
-    """The teacher's transcript: ``tr`` with the privileged blocks inserted where ``settings``
-    says (``tokenizer`` finds the end of the opening <answer> tag for answer_at="content").
+def teachers(spans, evidence_ids, answer_ids, settings):
+    """The teachers of one episode, as [(block ids, turns they score)].
 
-    One teacher sequence per episode is enough and cheapest: each block is inserted *before*
-    the first action token it serves, so under causal attention no token before a block can see
-    it (an earlier action's scores never depend on a later action's block), and with
-    evidence_at="first" a later search sees the same evidence a per-action copy would give it,
-    only further back.
-    Returns (teacher Transcript, student_pos) where student_pos[j] is the student position of
-    teacher token j, or -1 for an inserted token. Inserted tokens are marked as info.
+    Aligned (the paper's default): the searching turns read the gold evidence, the answer turn
+    the golden answer: two teacher sequences, so neither kind ever reads the other's block.
+    Shared (the paper's -0.2 row): one sequence whose one block holds both, placed as each turn's
+    own would be. A question without evidence (real data) has no evidence teacher.
     """
-    inserts = {}
-    searches = [s for s, _, k, _ in tr.spans if k == "search"]
-    answer = next(((s, e) for s, e, k, _ in tr.spans if k == "answer"), None)
-    if settings.evidence and searches and evidence_ids:
-        for s in searches if settings.evidence_at == "every" else searches[:1]:
-            inserts[s] = evidence_ids
-    if settings.answer and answer is not None and answer_ids:
-        at = answer[0]
-        if settings.answer_at == "content":
-            at += tag_length(tokenizer, tr.ids[answer[0]:answer[1]], "answer")
-        inserts[at] = inserts.get(at, []) + answer_ids
+    searches, answers = scored_turns(spans, settings)
+    searches = searches if evidence_ids else []
+    if settings.context == "shared":
+        block = ((evidence_ids if settings.evidence else [])
+                 + (answer_ids if settings.answer else []))
+        return [(block, sorted(searches + answers))]
+    return [(evidence_ids, searches), (answer_ids, answers)]
+
+
+def block_position(span, settings):
+    """Where a turn's block goes: before the first token of the turn the teacher scores, so each
+    scored token comes after the block its action is given. Under the "response" span that is
+    the turn's start (its thinking is scored too: in the paper's per-action context the block
+    precedes the whole action's turn); otherwise the opening tag, or, for the answer with
+    ANSWER_AT="content", right after it (the block then informs the answer's content and not
+    the decision to answer, which a golden answer would approve however early)."""
+    if settings.scored == "response":
+        return span.start
+    if span.kind == "answer" and settings.answer_at == "content":
+        return span.content_start
+    return span.action
+
+
+def insert_blocks(tr, inserts):
+    """``tr`` with blocks inserted: ``inserts`` maps a position to the ids placed right before
+    the token there. Returns (Transcript, student_pos), student_pos[j] the position in ``tr`` of
+    token j, -1 for an inserted one. Inserted tokens are marked as information; each span moves
+    with its tokens (a block at a span's first token lands before it, one inside it inside)."""
     out = Transcript(tr.ids[:tr.prompt_len])
     student_pos = list(range(tr.prompt_len))
     prev = tr.prompt_len
@@ -121,13 +188,39 @@ def insert_privileged(tr, evidence_ids, answer_ids, settings, tokenizer=None):
             student_pos += [-1] * len(inserts[cut])
         prev = cut
 
-    def shift(pos, inclusive):
-        """How far the blocks inserted before ``pos`` (or at it, when inclusive) move it."""
-        return sum(len(block) for at, block in inserts.items() if at < pos + inclusive)
-
-    # A span's start moves by the blocks at or before it, its end also by a block inside it.
-    out.spans = [(s + shift(s, 1), e + shift(e, 0), k, i) for s, e, k, i in tr.spans]
+    def moved(p, first=True):
+        """Where position p lands: after the blocks inserted before it, and at it if p is a
+        range's first token (not an exclusive end)."""
+        return p + sum(len(block) for at, block in inserts.items() if at < p + first)
+    out.spans = [s._replace(start=moved(s.start), action=moved(s.action),
+                            content_start=moved(s.content_start),
+                            content_end=max(moved(s.content_start), moved(s.content_end, False)),
+                            end=moved(s.end, False)) for s in tr.spans]
     return out, student_pos
+
+
+def teacher_sequence(tr, block, turns, settings):
+    """One teacher's input for one episode: (ids, score, student_pos), lists of one length. The
+    block goes before each turn in ``turns`` (EVIDENCE_AT="every") or before the first only;
+    ``score`` is 1 on the scored tokens of ``turns``. The sequence is cut after its last scored
+    token: nothing after it can change a score. None if it scores nothing.
+
+    With "every", the k-th search reads k copies of the evidence, the nearest right before it: a
+    per-action context would give it one copy, but one sequence per kind costs two forwards per
+    episode instead of one per action, and a 4-layer model reads a block far back less well
+    (search-content AUC 0.998 with a block before each search, 0.951 with one before the first:
+    lab/results/results-v2.md). "first" gives every search exactly one copy, further back.
+    """
+    scored = [r for s in turns for r in range(*scored_range(s, settings.scored))]
+    if not scored:
+        return None
+    positions = [block_position(s, settings) for s in turns]
+    teacher, student_pos = insert_blocks(
+        tr, {at: block for at in (positions if settings.evidence_at == "every" else positions[:1])})
+    wanted = set(scored)
+    score = [int(p in wanted) for p in student_pos]
+    last = max(j for j, s in enumerate(score) if s) + 1
+    return teacher.ids[:last], score[:last], student_pos[:last]
 
 
 def episode_transcript(rollouts, i):
@@ -143,43 +236,42 @@ def episode_transcript(rollouts, i):
 
 
 def teacher_batch(tokenizer, world, rollouts, rows, settings):
-    """The teacher's inputs: one privileged sequence per episode in ``rows``, right-padded.
-
-    Returns a dict of [len(rows), T'] tensors: input_ids, attention_mask, score_mask (1 on the
-    teacher positions of the student's action tokens of the privileged kinds) and student_pos
-    (the student position of each teacher token, -1 where inserted or padding). Each sequence
-    is cut after its last scored token: nothing after it can change a score.
-    """
-    kinds = [KIND_IDS["search"]] * settings.evidence + [KIND_IDS["answer"]] * settings.answer
-    seqs, blocks = [], {}    # a group's episodes share one question: encode its blocks once
+    """The teachers' inputs for the episodes ``rows``, right-padded: a dict of [S, T'] tensors
+    input_ids, attention_mask, score_mask (1 on the tokens it scores) and student_pos (each
+    token's student position, -1 where inserted or padding), and owner [S] (each sequence's
+    episode). Up to two sequences per episode (aligned), one if shared."""
+    seqs, owner, blocks = [], [], {}   # a group's episodes share one question: encode once
     for i in rows:
         q = rollouts.questions[i]
         if q.qid not in blocks:
             blocks[q.qid] = privileged_ids(tokenizer, q, world)
         student = episode_transcript(rollouts, i)
-        tr, pos = insert_privileged(student, *blocks[q.qid], settings, tokenizer)
-        score = [int(k in kinds) for k in tr.kind]
-        last = max([j for j, s in enumerate(score) if s], default=0) + 1
-        seqs.append((tr.ids[:last], score[:last], pos[:last]))
-    T = max(len(s[0]) for s in seqs)
+        for block, turns in teachers(student.spans, *blocks[q.qid], settings):
+            seq = teacher_sequence(student, block, turns, settings)
+            if seq is not None:
+                seqs.append(seq)
+                owner.append(i)
+    T = max((len(s[0]) for s in seqs), default=0)
 
     def pad(values, fill):
-        return torch.tensor([v + [fill] * (T - len(v)) for v in values], dtype=torch.long)
+        return torch.tensor([v + [fill] * (T - len(v)) for v in values],
+                            dtype=torch.long).view(len(values), T)
 
     return dict(input_ids=pad([s[0] for s in seqs], tokenizer.pad_token_id),
                 attention_mask=pad([[1] * len(s[0]) for s in seqs], 0),
                 score_mask=pad([s[1] for s in seqs], 0),
-                student_pos=pad([s[2] for s in seqs], -1))
+                student_pos=pad([s[2] for s in seqs], -1),
+                owner=torch.tensor(owner, dtype=torch.long))
 
 
 @torch.no_grad()
 def teacher_logprobs(policy, tokenizer, world, rollouts, student_logp, rows, settings):
-    """The teacher's log-probs of the student's action tokens in the episodes ``rows``, aligned
+    """The teacher's log-probs of the student's scored tokens in the episodes ``rows``, aligned
     to student positions: [N, T]. Every other position keeps the student's log-prob (a zero gap).
 
-    One batched no-grad forward of the policy over the privileged sequences; the output
-    projection runs only at the scored positions. Identical episodes of one question, frequent
-    once a group agrees on its text, share one teacher sequence.
+    One batched no-grad forward of the policy over the teacher sequences; the output projection
+    runs only at the scored positions. Identical episodes of one question, frequent once a group
+    agrees on its text, share their teacher sequences.
     """
     out = student_logp.detach().float().clone()                       # [N, T]
     copies = {}                                   # (question, token ids) -> episode indices
@@ -187,58 +279,22 @@ def teacher_logprobs(policy, tokenizer, world, rollouts, student_logp, rows, set
         n = int(rollouts.attention_mask[i].sum())
         key = (rollouts.questions[i].qid, tuple(rollouts.input_ids[i, :n].tolist()))
         copies.setdefault(key, []).append(i)
-    if not copies:
+    firsts = [g[0] for g in copies.values()]
+    batch = teacher_batch(tokenizer, world, rollouts, firsts, settings)
+    if not len(batch["owner"]):
         return out
-    groups = list(copies.values())
-    device = out.device
-    batch = {k: v.to(device) for k, v in
-             teacher_batch(tokenizer, world, rollouts, [g[0] for g in groups], settings).items()}
+    batch = {k: v.to(out.device) for k, v in batch.items()}
     lp = token_logprobs(policy, batch["input_ids"], batch["attention_mask"], batch["score_mask"],
-                        temperature=settings.temperature)             # [U, T']
-    scored = out[[g[0] for g in groups]]                              # [U, T]
-    u, cols = batch["score_mask"].nonzero(as_tuple=True)
-    scored[u, batch["student_pos"][u, cols]] = lp[u, cols]
-    for g, row in zip(groups, scored):
-        out[g] = row
+                        temperature=settings.temperature)             # [S, T']
+    s, cols = batch["score_mask"].nonzero(as_tuple=True)
+    # each scored token, back to its episode and its student position
+    out[batch["owner"][s], batch["student_pos"][s, cols]] = lp[s, cols]
+    for group in copies.values():
+        out[group[1:]] = out[group[0]].clone()
     return out
 
 
-# ----------------------------------------------------------------------------- the correction
-def content_range(tokenizer, span_ids, kind):
-    """(first, end) token offsets of an action span's content, between its opening tag and its
-    closing tag: the query of a search, the answer of an answer. A token holding part of a tag
-    counts as the tag's (model.tag_length); a span cut before its closing tag runs to its end."""
-    first = tag_length(tokenizer, span_ids, kind)
-    closing = SEARCH_END if kind == "search" else ANSWER_END
-    text = tokenizer.decode(span_ids)
-    at = text.find(closing, text.index(SEARCH if kind == "search" else ANSWER))
-    end = token_at(tokenizer, span_ids, at) if at >= 0 else len(span_ids)
-    return first, max(first, end)
-
-
-def correction_mask(rollouts, tokenizer, settings):
-    """m [N, T] bool: the generated tokens whose advantage the gap may correct. The action spans
-    of the privileged kinds, opening tag to closing tag, with span="action"; with span="content"
-    (the paper's), only the tokens between the tags (``content_range``)."""
-    kind = rollouts.action_kind
-    mask = torch.zeros_like(rollouts.gen_mask, dtype=torch.bool)
-    if settings.evidence:
-        mask |= kind == KIND_IDS["search"]
-    if settings.answer:
-        mask |= kind == KIND_IDS["answer"]
-    mask &= rollouts.gen_mask.bool()
-    if settings.span == "content":
-        content = torch.zeros_like(mask)
-        for i, spans in enumerate(rollouts.spans):
-            for start, end, name, _ in spans:
-                if name in KIND_IDS:
-                    first, last = content_range(tokenizer,
-                                                rollouts.input_ids[i, start:end].tolist(), name)
-                    content[i, start + first:start + last] = True
-        mask &= content
-    return mask
-
-
+# ----------------------------------------------------------------------------- the formulas
 @torch.no_grad()
 def evisd_correction(adv, gap, gen_mask, mask, lam=0.2, tau=5.0):
     """EviSD's per-token advantages Â [N, T] from sequence advantages and the teacher's gap.
@@ -252,6 +308,24 @@ def evisd_correction(adv, gap, gen_mask, mask, lam=0.2, tau=5.0):
     A = adv.detach().float()[:, None].expand_as(gap)                  # [N, T]
     correction = lam * A.abs() * mask.float() * torch.tanh(tau * gap.detach().float())
     return torch.where(gen_mask.bool(), A + correction, torch.zeros_like(A))   # [N, T]
+
+
+def gated_distillation_loss(logp, teacher_logp, gen_mask, mask, coef=0.01, tau=5.0):
+    """The gated-loss row of the paper's ablation table, in our reading: plain GRPO advantages
+    plus a response-wide auxiliary distillation term. The paper's summary names it only ("a
+    response-wide gated auxiliary distillation loss"); we give it SDAR's form (arXiv 2605.15155,
+    lab/peers.py) on every generated token, with EviSD's tau as the gate's sharpness:
+
+        coef * sum_t m_t * sigmoid(tau * gap_t) * (logp_teacher_t - logp_t) / (generated tokens)
+
+    gap_t = logp_teacher_t - logp_t, detached, so the gate says how much the teacher prefers
+    the sampled token; the gradient flows through the student's ``logp`` [N, T] only: a push up
+    on each sampled token, gate-weighted, -coef * sigmoid(tau * gap_t) / (generated tokens) per
+    token. Unlike the bounded form it acts where A = 0 and is not tied to the outcome's sign.
+    """
+    gap = (teacher_logp - logp).detach()                              # [N, T]
+    per_token = torch.sigmoid(tau * gap) * (teacher_logp.detach() - logp)
+    return coef * (per_token * mask.float()).sum() / gen_mask.float().sum().clamp(min=1.0)
 
 
 # ----------------------------------------------------------------------------- what it did

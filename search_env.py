@@ -32,6 +32,7 @@ SEARCH, SEARCH_END = "<search>", "</search>"
 INFO, INFO_END = "<information>", "</information>"
 ANSWER, ANSWER_END = "<answer>", "</answer>"
 TAGS = (THINK, THINK_END, SEARCH, SEARCH_END, INFO, INFO_END, ANSWER, ANSWER_END)
+STOP_STRINGS = (SEARCH_END, ANSWER_END)   # a generated turn ends at the first of these
 MAX_ACTION_CHARS = 120  # a query or answer longer than this is a runaway generation, not an action
 
 INSTRUCTION = ("answer the question. use <search> query </search> to search, "
@@ -196,8 +197,10 @@ class BM25:
 # ----------------------------------------------------------------------------- the protocol
 @dataclass
 class Action:
-    kind: str      # "search" | "answer" | "invalid"
-    content: str   # the query or the answer; for invalid turns, why
+    kind: str          # "search" | "answer" | "invalid"
+    content: str       # the query or the answer; for invalid turns, why
+    opening: int = -1  # a valid action: where its opening tag starts in the turn's text
+    closing: int = -1  # ... and where its closing tag starts (the content lies between)
 
 
 def parse_action(turn_text):
@@ -236,12 +239,12 @@ def parse_action(turn_text):
     if not text.endswith(close_tag):
         return Action("invalid", "text after the closing tag")
     start = text.index(open_tag)
-    content = text[start + len(open_tag):-len(close_tag)]
-    if any(t in content for t in TAGS):
+    body = text[start + len(open_tag):-len(close_tag)]
+    if any(t in body for t in TAGS):
         return Action("invalid", "nested tag")
-    if any(ch in "\t\n\r" for ch in content):
+    if any(ch in "\t\n\r" for ch in body):
         return Action("invalid", "tab or line break inside the " + kind)
-    content = content.strip()
+    content = body.strip()
     if not content:
         return Action("invalid", "empty " + kind)
     if len(content) > MAX_ACTION_CHARS:
@@ -249,7 +252,15 @@ def parse_action(turn_text):
     before = text[:start]
     if counts[THINK] != counts[THINK_END] or before.count(THINK_END) != counts[THINK_END]:
         return Action("invalid", "unbalanced <think>")
-    return Action(kind, content)
+    # offsets in turn_text itself, which the rollout maps to tokens: text is it, stripped
+    lead = len(turn_text) - len(turn_text.lstrip())
+    return Action(kind, content, lead + start, lead + len(text) - len(close_tag))
+
+
+def stop_end(text):
+    """Where the first stop string in ``text`` ends (the index after it), or None."""
+    ends = [text.find(s) + len(s) for s in STOP_STRINGS if s in text]
+    return min(ends) if ends else None
 
 
 def format_information(docs):
@@ -312,7 +323,7 @@ class SearchEnv:
 
 def episodes(world, questions, group_size=1, max_turns=4, top_k=3):
     """One SearchEnv per episode: each question ``group_size`` times in a row, searching the
-    retriever its world gives it. model.rollout plays them as one batch."""
+    retriever its world gives it. rollout.rollout plays them as one batch."""
     return [SearchEnv(world.retriever(q), q, max_turns, top_k)
             for q in questions for _ in range(group_size)]
 

@@ -27,6 +27,7 @@ import evaluate
 import evisd
 import grpo
 import model
+import rollout
 import runs
 import search_env
 import toy_world
@@ -67,22 +68,29 @@ SFT_DIR = "out/sft"          # warm-up checkpoints, one per (seed, model, world,
 RL_STEPS = 60
 QUESTIONS_PER_STEP = 8
 GROUP_SIZE = 8
-LR = "auto"                  # 2e-4 embedded (5e-4 collapsed: lab/results/results-v1.md),
-                             # 1e-6 HF (Search-R1)
+LR = "auto"                  # 2e-4 embedded, 1e-6 HF (Search-R1)
 KL_COEF = 0.01               # k3 KL to the frozen warm-up model
 CLIP_EPS = 0.2
 PPO_EPOCHS = 1               # with 1, the ratio is exactly 1 and the clip never acts
 GRAD_CLIP = 1.0
 MAX_NEW_TOKENS = 48          # per turn
 TEMPERATURE = 0.5            # rollouts; the tiny model's sampled reward is 0.12 at 1.0, 0.30 at 0.5
-# EviSD (evisd.py): Â = A + lambda * |A| * m * tanh(tau * gap), the paper's defaults
+# EviSD (evisd.py): Â = A + lambda * |A| * m * tanh(tau * gap), the paper's defaults. Each row of
+# the paper's ablation table (7B, macro EM 50.8; one run each) is one constant below.
 EVISD_LAMBDA = 0.2           # the correction's bound as a fraction of |A| (< 1: no sign flip)
 EVISD_TAU = 5.0              # the gap's scale inside tanh
-USE_SEARCH_EVIDENCE = True   # gold evidence before search actions
-USE_ANSWER_PRIVILEGE = True  # golden answer before the answer action
-EVIDENCE_AT = "every"        # "every": evidence before each search | "first": once, before it
+EVISD_SPAN = "content"       # m: "content": the query/answer (the paper's) | "action": and the
+                             # tags | "response": every generated token (paper's row: -7.1)
+EVISD_FORM = "bounded"       # "bounded": modulate A (the paper's) | "gated_loss": plain A plus a
+                             # response-wide gated distillation loss (paper's row: -5.8)
+EVISD_GATE_COEF = 0.01       # the gated loss's coefficient (ours: SDAR's lambda)
+USE_SEARCH_EVIDENCE = True   # search actions read the gold evidence; False: only answer actions
+                             # are re-scored and corrected (answer-only privilege, row: -2.1)
+USE_ANSWER_PRIVILEGE = True  # the answer action reads the golden answer
+TEACHER_CONTEXT = "aligned"  # "aligned": each action kind reads only its own block (the paper's)
+                             # | "shared": one evidence+answer block for every action (row: -0.2)
+EVIDENCE_AT = "every"        # "every": a block before each action scored | "first": once
 ANSWER_AT = "content"        # "content": answer block after the opening <answer> | "tag": before it
-EVISD_SPAN = "content"       # m: "content": query/answer tokens (the paper) | "action": and tags
 # real data, in the lab (lab/real_data.py, docs/real-data.md): "toy" is the world above
 DATA = "toy"                 # "toy" | "hotpotqa" | "2wiki" | "musique" | "jsonl" (Search-R1's)
 DATA_TRAIN = ""              # RL questions: hotpot_train_v1.1.json, nq/train.jsonl, ...
@@ -103,8 +111,8 @@ OUT_DIR = "out/run"
 DEVICE = "auto"              # "auto" (CUDA if there is one) | "cpu" | "cuda" | "cuda:N"
 DTYPE = "auto"               # "auto" (bf16 on CUDA if supported) | "float32" | "bfloat16"
 GRADIENT_CHECKPOINTING = False  # recompute activations in backward: memory for real models
-DECODE = "static"            # rollouts: "static" (own loop, pre-allocated KV cache) |
-                             # "compiled" (its step compiled: CUDA graphs) | "generate" (HF)
+DECODE = "generate"          # rollouts: "generate" (HF, once per turn) | "static" (fast_decode.py:
+                             # own loop, KV cache allocated once) | "compiled" (its step compiled)
 MAX_BAD_STEPS = 5            # consecutive non-finite losses before stopping
 
 CONFIG_KEYS = [k for k, v in list(globals().items())
@@ -127,9 +135,10 @@ def check_data(cfg):
 
 SCHEMA = runs.Schema(
     choices={"METHOD": ("evisd", "grpo") + PEERS, "EVIDENCE_AT": ("first", "every"),
-             "ANSWER_AT": ("tag", "content"), "EVISD_SPAN": ("action", "content"),
+             "ANSWER_AT": ("tag", "content"), "EVISD_SPAN": ("content", "action", "response"),
+             "EVISD_FORM": ("bounded", "gated_loss"), "TEACHER_CONTEXT": ("aligned", "shared"),
              "DTYPE": ("auto", "float32", "bfloat16", "float16"),
-             "DECODE": model.DECODES,
+             "DECODE": rollout.DECODES,
              "DATA": ("toy", "hotpotqa", "2wiki", "musique", "jsonl"),
              "EVIDENCE": ("auto", "sentences", "paragraphs", "answer_passages",
                           "answer_only")},
@@ -146,6 +155,7 @@ SCHEMA = runs.Schema(
             "KL_COEF": at_least(0), "CLIP_EPS": above(0), "PPO_EPOCHS": at_least(1),
             "GRAD_CLIP": above(0), "MAX_NEW_TOKENS": at_least(1), "TEMPERATURE": above(0),
             "EVISD_LAMBDA": ((lambda v: 0 <= v < 1), ">= 0 and < 1"), "EVISD_TAU": above(0),
+            "EVISD_GATE_COEF": at_least(0),
             "EVAL_EVERY": at_least(0), "EVAL_QUESTIONS": at_least(1), "EVAL_SEED": at_least(1),
             "VALIDATION_WORLDS": at_least(1), "CKPT_EVERY": at_least(0),
             "MAX_BAD_STEPS": at_least(1)},
@@ -164,9 +174,10 @@ def configure(argv):
 def evisd_settings(cfg):
     """The EviSD block of the config as evisd.Settings."""
     return evisd.Settings(evidence=cfg["USE_SEARCH_EVIDENCE"], answer=cfg["USE_ANSWER_PRIVILEGE"],
-                          evidence_at=cfg["EVIDENCE_AT"], answer_at=cfg["ANSWER_AT"],
-                          span=cfg["EVISD_SPAN"], lam=cfg["EVISD_LAMBDA"], tau=cfg["EVISD_TAU"],
-                          temperature=cfg["TEMPERATURE"])
+                          context=cfg["TEACHER_CONTEXT"], evidence_at=cfg["EVIDENCE_AT"],
+                          answer_at=cfg["ANSWER_AT"], span=cfg["EVISD_SPAN"],
+                          form=cfg["EVISD_FORM"], lam=cfg["EVISD_LAMBDA"], tau=cfg["EVISD_TAU"],
+                          gate_coef=cfg["EVISD_GATE_COEF"], temperature=cfg["TEMPERATURE"])
 
 
 def step_world(cfg, step):
@@ -187,7 +198,7 @@ def rl_step(cfg, step, policy, reference, tokenizer, optimizer):
     device, dtype = next(policy.parameters()).device, getattr(torch, cfg["DTYPE"])
     rank, world_size = runs.rank_and_size()
 
-    # 1. Rollout: GROUP_SIZE episodes of each question, one batch per turn (model.py), each
+    # 1. Rollout: GROUP_SIZE episodes of each question, one batch per turn (rollout.py), each
     #    episode talking to its own search env (search_env.py).
     runs.seed_everything("rl", cfg["SEED"], step, rank)   # a resumed run draws the same batch
     world = step_world(cfg, step)
@@ -195,8 +206,8 @@ def rl_step(cfg, step, policy, reference, tokenizer, optimizer):
         world.split("train"), cfg["QUESTIONS_PER_STEP"])[rank::world_size]
     envs = search_env.episodes(world, questions, cfg["GROUP_SIZE"], cfg["MAX_TURNS"], cfg["TOP_K"])
     with model.autocast(device, dtype):
-        r = model.rollout(policy, tokenizer, envs, cfg["MAX_NEW_TOKENS"], cfg["TEMPERATURE"],
-                          decode=cfg["DECODE"])
+        r = rollout.rollout(policy, tokenizer, envs, cfg["MAX_NEW_TOKENS"], cfg["TEMPERATURE"],
+                            decode=cfg["DECODE"])
     t_rollout = time.perf_counter() - t0
     ids, attention = r.input_ids.to(device), r.attention_mask.to(device)   # [N, T]
     gen_mask = r.gen_mask.to(device)       # [N, T] model-written tokens: the loss mask
@@ -221,14 +232,15 @@ def rl_step(cfg, step, policy, reference, tokenizer, optimizer):
                                             temperature=cfg["TEMPERATURE"])  # [N, T]
 
     # 4. Token advantages. GRPO: every generated token carries its episode's A. EviSD: the same
-    #    policy re-scores the action tokens under the privileged context, and the gap corrects
-    #    the A of their content tokens by at most 0.2 |A|, never flipping its sign (evisd.py).
+    #    policy re-scores each action under its own privileged context (the evidence for a
+    #    search, the golden answer for the answer), and the gap corrects the A of the action's
+    #    content tokens by at most 0.2 |A|, never flipping its sign (evisd.py).
     token_adv = adv[:, None] * gen_mask                                     # [N, T]
     teacher_logp, t_teacher, extra_loss = old_logp, 0.0, None
     t1 = time.perf_counter()
     if cfg["METHOD"] == "evisd":
         with model.autocast(device, dtype):
-            token_adv, teacher_logp = evisd.corrected_advantages(
+            token_adv, teacher_logp, extra_loss = evisd.credit(
                 policy, tokenizer, world, r, adv, old_logp, evisd_settings(cfg))   # [N, T] each
     elif cfg["METHOD"] in PEERS:   # the lab's comparison: the same gap, a peer's form of credit
         peers = runs.lab("peers", f"METHOD={cfg['METHOD']!r}")
@@ -245,7 +257,7 @@ def rl_step(cfg, step, policy, reference, tokenizer, optimizer):
                                             temperature=cfg["TEMPERATURE"])  # [N, T]
         loss, stats = grpo.policy_loss(logp, old_logp, ref_logp, token_adv, gen_mask,
                                        cfg["CLIP_EPS"], cfg["KL_COEF"])
-        if extra_loss is not None:     # SDAR, SD-Search: a distillation term beside it
+        if extra_loss is not None:     # EviSD's gated-loss row, SDAR, SD-Search: a term beside it
             with model.autocast(device, dtype):
                 extra = extra_loss(policy, logp)
             loss = loss + extra

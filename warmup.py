@@ -21,6 +21,7 @@ from tqdm import tqdm
 
 import evisd
 import model
+import rollout
 import runs
 import toy_world
 
@@ -49,18 +50,17 @@ def batch(cfg, tokenizer, step):
             stop_early=0.0 if privileged else cfg["SFT_STOP_EARLY"],
             partial_name=0.0 if privileged else cfg["SFT_PARTIAL_NAME"])
         prompt = model.render_prompt(tokenizer, q)
-        tr = model.encode_episode(tokenizer, prompt, ep.turns, ep.observations)
+        tr = rollout.encode_episode(tokenizer, prompt, ep.turns, ep.observations)
         # Out of the context loss: position 0 (nothing predicts it) and the privileged blocks.
         skipped = [0]
         if privileged:
-            placement = evisd.Settings(evidence_at=rng.choice(("first", "every")),
-                                       answer_at=rng.choice(("tag", "content")))
             blocks = evisd.privileged_ids(tokenizer, q, world)
-            tr, student_pos = evisd.insert_privileged(tr, *blocks, placement, tokenizer)
+            tr, student_pos = privileged_demonstration(tr, *blocks, rng.choice(("first", "every")),
+                                                       rng.choice(("tag", "content")))
             skipped += [j for j, p in enumerate(student_pos) if p < 0]   # -1: a block's token
         transcripts.append(tr)
         not_read.append(skipped)
-    b = model.collate(transcripts, tokenizer.pad_token_id)
+    b = rollout.collate(transcripts, tokenizer.pad_token_id)
     # The context loss's tokens: what the model reads (prompt, documents), less not_read.
     b["context_mask"] = b["attention_mask"] - b["gen_mask"]
     for i, positions in enumerate(not_read):
@@ -68,17 +68,31 @@ def batch(cfg, tokenizer, step):
     return b
 
 
+def privileged_demonstration(tr, evidence_ids, answer_ids, evidence_at, answer_at):
+    """A clean demonstration with both blocks in one sequence: the evidence before each search
+    (or the first), the golden answer before the opening <answer> tag or after it. The model
+    reads every placement a teacher may use, so it has read blocks before a teacher asks it
+    to. Returns (Transcript, student_pos) as evisd.insert_blocks does."""
+    searches = [s.action for s in tr.spans if s.kind == "search"]
+    inserts = {at: evidence_ids for at in (searches if evidence_at == "every" else searches[:1])}
+    answer = next((s for s in tr.spans if s.kind == "answer"), None)
+    if answer is not None:
+        at = answer.content_start if answer_at == "content" else answer.action
+        inserts[at] = inserts.get(at, []) + answer_ids
+    return evisd.insert_blocks(tr, inserts)
+
+
 def expert_rollouts(cfg, tokenizer, world, questions, seed=0):
-    """Noisy expert episodes (GROUP_SIZE of each question) packed like model.rollout's output:
+    """Noisy expert episodes (GROUP_SIZE of each question) packed like rollout.rollout's output:
     what a warmed-up policy writes, for benchmarks and tests of a random model, which writes no
     actions for the teacher to score."""
     rng = random.Random(seed)
     asked = [q for q in questions for _ in range(cfg["GROUP_SIZE"])]
     episodes = [toy_world.expert_episode(q, world, noise=0.5, rng=rng, max_turns=cfg["MAX_TURNS"],
                                          top_k=cfg["TOP_K"]) for q in asked]
-    transcripts = [model.encode_episode(tokenizer, model.render_prompt(tokenizer, q), e.turns,
-                                        e.observations) for q, e in zip(asked, episodes)]
-    return model.Rollouts(**model.collate(transcripts, tokenizer.pad_token_id),
+    transcripts = [rollout.encode_episode(tokenizer, model.render_prompt(tokenizer, q), e.turns,
+                                          e.observations) for q, e in zip(asked, episodes)]
+    return rollout.Rollouts(**rollout.collate(transcripts, tokenizer.pad_token_id),
                           rewards=torch.tensor([e.reward for e in episodes]),
                           answers=[e.answer for e in episodes],
                           turns=torch.tensor([len(e.turns) for e in episodes]), questions=asked,

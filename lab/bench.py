@@ -8,7 +8,7 @@
                                             # rollouts only, Qwen2.5-0.5B's shape too (a GPU)
 
 For each config, on one batch of QUESTIONS x GROUP episodes:
-* rollout tokens/s of ``model.rollout`` for each decode path (``--decodes``, train.DECODE's
+* rollout tokens/s of ``rollout.rollout`` for each decode path (``--decodes``, train.DECODE's
   values) beside one plain ``model.generate`` call that writes the same number of tokens (forced
   with min_new_tokens), timed in turns (A B C A B C ...) so a busy machine slows all alike;
 * the roofline: each decode step reads every weight once, so a rollout takes at least
@@ -38,7 +38,9 @@ from unittest import mock
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import fast_decode  # noqa: E402
 import model  # noqa: E402
+import rollout  # noqa: E402
 import runs  # noqa: E402
 import search_env  # noqa: E402
 import toy_world  # noqa: E402
@@ -94,8 +96,8 @@ def decode_steps(do_rollout):
     """How many forward passes (prefills and one-token steps) a rollout of the static path
     makes: each reads every weight once."""
     calls = []
-    forward = model.cached_forward
-    with mock.patch.object(model, "cached_forward",
+    forward = fast_decode.cached_forward
+    with mock.patch.object(fast_decode, "cached_forward",
                            lambda *args: calls.append(1) or forward(*args)):
         do_rollout("static")
     return len(calls)
@@ -106,7 +108,7 @@ def fixed_batch(world, batch):
     """A context in which train.rl_step trains on ``batch`` from ``world`` instead of drawing a
     world and rolling out: what is timed or measured is the update alone."""
     with mock.patch.object(train, "step_world", lambda cfg, step: world), \
-            mock.patch.object(train.model, "rollout", lambda *args, **kwargs: batch):
+            mock.patch.object(train.rollout, "rollout", lambda *args, **kwargs: batch):
         yield
 
 
@@ -133,8 +135,8 @@ def bench_config(name, lm, tok, cfg, device, dtype, repeats, trained, decodes, r
         envs = search_env.episodes(world, questions, cfg["GROUP_SIZE"], cfg["MAX_TURNS"],
                                    cfg["TOP_K"])
         with model.autocast(device, dtype):
-            return model.rollout(lm, tok, envs, cfg["MAX_NEW_TOKENS"], cfg["TEMPERATURE"],
-                                 decode=decode)
+            return rollout.rollout(lm, tok, envs, cfg["MAX_NEW_TOKENS"], cfg["TEMPERATURE"],
+                                   decode=decode)
     r = do_rollout(decodes[0])
     gen_tokens = int(r.gen_mask.sum())
 
@@ -214,8 +216,8 @@ def main():
     ap.add_argument("--shapes", default="",
                     help="random models of lab/gpu_memory.py's Qwen shapes, e.g. qwen2.5-0.5b")
     ap.add_argument("--model", default=None, help="a trained HF checkpoint directory instead")
-    ap.add_argument("--decodes", default="static,generate",
-                    help=f"rollout decode paths, from {','.join(model.DECODES)}; the first is "
+    ap.add_argument("--decodes", default="generate,static",
+                    help=f"rollout decode paths, from {','.join(rollout.DECODES)}; the first is "
                     "the one the step columns use")
     ap.add_argument("--rollout-only", action="store_true", help="no update timings")
     ap.add_argument("--repeats", type=int, default=5)
@@ -224,8 +226,8 @@ def main():
     # the rest: train.py's --NAME=value overrides
     args, config_args = ap.parse_known_args()
     decodes = args.decodes.split(",")
-    if not set(decodes) <= set(model.DECODES):
-        ap.error(f"--decodes {args.decodes}: each must be one of {', '.join(model.DECODES)}")
+    if not set(decodes) <= set(rollout.DECODES):
+        ap.error(f"--decodes {args.decodes}: each must be one of {', '.join(rollout.DECODES)}")
     overrides = (config_args + [f"--DEVICE={args.device}"]
                  + ([f"--MODEL={args.model}"] if args.model else []))
     cfg, _, _ = train.configure(overrides)   # train.py's defaults, auto LRs resolved

@@ -5,6 +5,8 @@ counted file by file. Lambdas and comprehensions are not counted.
 
     python lab/call_graph.py                     # --SFT_STEPS=0 --RL_STEPS=2, in a temp dir
     python lab/call_graph.py --METHOD=grpo       # any train.py override
+    python lab/call_graph.py --SFT_STEPS=750 --SFT_DIR=out/sft   # a warmed-up model (cached):
+                                                 # its searches are real, the teacher scores them
 """
 import os
 import sys
@@ -44,11 +46,14 @@ def trace(run, start="rl_step"):
 
 def main(argv):
     with tempfile.TemporaryDirectory() as out:
+        # later arguments win: argv may ask for a warm-up, cached where it says
         args = ["--SFT_STEPS=0", "--RL_STEPS=2", "--EVAL_EVERY=0", f"--OUT_DIR={out}/run",
                 f"--SFT_DIR={out}/sft"] + argv
         functions = trace(lambda: train.main(args))
     files = Counter(f for f, _, _ in functions)
-    print(f"rl_step reaches {len(functions)} named project functions in {len(files)} files:")
+    core = {name for name in files if "/" not in name}
+    print(f"rl_step reaches {len(functions)} named project functions in {len(files)} files "
+          f"({len(core)} of them core files, at the top level):")
     for name, n in files.most_common():
         names = sorted(f"{fn}:{line}" for f, line, fn in functions if f == name)
         print(f"  {name}: {n} ({', '.join(names)})")

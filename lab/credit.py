@@ -38,6 +38,7 @@ import evaluate
 import evisd
 import grpo
 import model
+import rollout
 import runs
 import search_env
 import toy_world
@@ -61,25 +62,24 @@ def episode_labels(rollouts, world, top_k):
 
 
 # ----------------------------------------------------------------------------- the report card
-def action_records(rollouts, labels, adv, gap, weight, tokenizer, rows):
+def action_records(rollouts, labels, adv, gap, weight, rows):
     """One record per (action, part) of the episodes in ``rows``.
 
-    adv [N]; gap, weight [N, T] (g and w per token). The decision tag is the span's tokens up to
-    the one that completes the opening tag, found in the decoded span as model.rollout finds
-    spans (one token for the embedded tokenizer, several for a pretrained one); the content is
-    the rest of the span. A tag is good when its decision was right, content when its label is
+    adv [N]; gap, weight [N, T] (g and w per token). The decision tag is the action's tokens up
+    to the one that completes the opening tag, as the rollout recorded it (rollout.Span: one
+    token for the embedded tokenizer, several for a pretrained one); the content is the rest of
+    the action, closing tag included. A tag is good when its decision was right, content when its label is
     in ``GOOD_LABELS``; a part whose label is None (real data) gets no record.
     """
     records = []
     for i in rows:
         if labels[i] is None:
             continue
-        for start, end, kind, turn in rollouts.spans[i]:
-            if kind not in model.KIND_IDS:
+        for span in rollouts.spans[i]:
+            if span.kind not in rollout.KIND_IDS:
                 continue
-            lab = labels[i][turn]
-            cut = start + model.tag_length(tokenizer, rollouts.input_ids[i, start:end].tolist(),
-                                           kind)
+            lab, kind = labels[i][span.turn], span.kind
+            start, cut, end = span.action, span.content_start, span.end
             for part, (a, b), good, name in (
                     ("tag", (start, cut), lab.decision_ok, "right" if lab.decision_ok else "wrong"),
                     ("content", (cut, end),
@@ -177,7 +177,7 @@ def sample(lm, tokenizer, cfg, world, questions, group_size):
     """Episodes of ``questions`` sampled as a training step samples them (Rollouts), their group
     advantages A [N] and the student's log-probs [N, T]."""
     envs = search_env.episodes(world, questions, group_size, cfg["MAX_TURNS"], cfg["TOP_K"])
-    r = model.rollout(lm, tokenizer, envs, cfg["MAX_NEW_TOKENS"], cfg["TEMPERATURE"])
+    r = rollout.rollout(lm, tokenizer, envs, cfg["MAX_NEW_TOKENS"], cfg["TEMPERATURE"])
     adv = grpo.group_advantages(r.rewards, group_size)                          # [N]
     with torch.no_grad():
         lp_s = model.token_logprobs(lm, r.input_ids, r.attention_mask, r.gen_mask,
@@ -226,10 +226,10 @@ def report(lm, tokenizer, cfg, sets, seed=0, progress=None, variants=None):
         # teacher's (on the episodes with A != 0) and Â.
         rows = adv.nonzero().squeeze(1).tolist()
         for name, vcfg in configs.items():
-            token_adv, lp_t = evisd.corrected_advantages(lm, tokenizer, world, r, adv, lp_s,
-                                                         train.evisd_settings(vcfg))
+            token_adv, lp_t, _ = evisd.credit(lm, tokenizer, world, r, adv, lp_s,
+                                              train.evisd_settings(vcfg))
             w = token_adv / torch.where(adv == 0, 1.0, adv)[:, None]   # Â / A: EviSD's factor
-            for rec in action_records(r, labels, adv, lp_t - lp_s, w, tokenizer, rows):
+            for rec in action_records(r, labels, adv, lp_t - lp_s, w, rows):
                 rec["episode"] += offset    # index into the concatenated batch below
                 records[name].append(rec)
             token_advs[name].append(token_adv)
@@ -327,21 +327,21 @@ def sd_search_effective(adv, gen_mask, queries, sampled, teacher_logits, student
 
 def effective_advantages(lm, tokenizer, cfg, world, r, adv, lp_s):
     """{rule: Â_eff [N, T]} for every rule of RULES on one sampled batch (``sample``): GRPO's
-    A on the generated tokens; EviSD's Â (evisd.corrected_advantages); RLSD's, OPSD's and
+    A on the generated tokens; EviSD's Â (evisd.credit); RLSD's, OPSD's and
     BiCAA's token advantages (peers.credit with METHOD set to the rule, at step 0: no rule reads
     the step today); SDAR's and SD-Search's, whose credit is a loss beside the surrogate, as
     ``sdar_effective`` and ``sd_search_effective`` turn it into Â. Each rule reads the run's
     teacher settings; all tensors come back on the CPU."""
     settings = train.evisd_settings(cfg)
     out = {"grpo": adv[:, None] * r.gen_mask.float().to(adv.device)}
-    out["evisd"], _ = evisd.corrected_advantages(lm, tokenizer, world, r, adv, lp_s, settings)
+    out["evisd"], _, _ = evisd.credit(lm, tokenizer, world, r, adv, lp_s, settings)
     for rule in ("rlsd", "opsd", "bicaa", "sdar"):
         out[rule], lp_t, _ = peers.credit(dict(cfg, METHOD=rule), 0, lm, tokenizer, world, r,
                                           adv, lp_s)
-    mask = evisd.correction_mask(r, tokenizer, settings)
+    mask = evisd.correction_mask(r, settings)
     out["sdar"] = sdar_effective(adv, (lp_t - lp_s).cpu(), r.gen_mask, mask)   # SDAR's teacher
     # SD-Search's teacher and student next-token logits on the query tokens (as peers.credit).
-    queries = mask & (r.action_kind == model.KIND_IDS["search"])
+    queries = mask & (r.action_kind == rollout.KIND_IDS["search"])
     device = next(lm.parameters()).device
     with torch.no_grad():
         teacher = peers.query_logits_teacher(lm, tokenizer, world, r, queries.to(device),
@@ -419,7 +419,7 @@ def rules_report(lm, tokenizer, cfg, sets, seed=0, progress=None):
             effective[rule].append(token_adv)
         # Every episode's actions, A = 0 too; the records' gap and w are not used here.
         zeros = torch.zeros(r.input_ids.shape)
-        for rec in action_records(r, labels, adv, zeros, zeros, tokenizer, range(len(adv))):
+        for rec in action_records(r, labels, adv, zeros, zeros, range(len(adv))):
             rec["episode"] += offset
             records.append(rec)
         all_adv.append(adv.cpu())
@@ -468,8 +468,7 @@ def show_episodes(lm, tok, cfg, world, qs, html_path, k):
     torch.manual_seed(0)
     r, adv, lp_s = sample(lm, tok, cfg, world, qs, 4)
     # The teacher's gap, whichever method the run trained with.
-    token_adv, lp_t = evisd.corrected_advantages(lm, tok, world, r, adv, lp_s,
-                                                 train.evisd_settings(cfg))
+    token_adv, lp_t, _ = evisd.credit(lm, tok, world, r, adv, lp_s, train.evisd_settings(cfg))
     # stable
     groups = sorted(range(0, len(qs) * 4, 4), key=lambda i: not adv[i:i + 4].any())[:k]
     tty = sys.stdout.isatty()

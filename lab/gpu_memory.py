@@ -23,7 +23,9 @@ from transformers import Qwen2Config, Qwen2ForCausalLM  # noqa: E402
 
 import evisd  # noqa: E402
 import model  # noqa: E402
+import rollout  # noqa: E402
 import runs  # noqa: E402
+import search_env  # noqa: E402
 import toy_world  # noqa: E402
 import train  # noqa: E402
 from lab import bench  # noqa: E402
@@ -66,23 +68,25 @@ def worst_case_rollouts(cfg, tok, world, prompt_tokens, observation_tokens):
     transcripts, episodes = [], []
     for q in questions:
         for _ in range(cfg["GROUP_SIZE"]):
-            tr = model.Transcript(filler(prompt_tokens))
+            tr = rollout.Transcript(filler(prompt_tokens))
             for turn in range(cfg["MAX_TURNS"]):
                 kind = "answer" if turn == cfg["MAX_TURNS"] - 1 else "search"
                 action = tok.encode(f"</think><answer> {q.answers[0]} </answer>" if kind == "answer"
                                     else f"</think><search> {q.question} </search>",
                                     add_special_tokens=False)
                 ids = think + filler(cfg["MAX_NEW_TOKENS"] - len(think) - len(action)) + action
-                tr.add_turn(ids, kind, turn, model.action_start(tok, ids, tok.decode(ids), kind))
+                text = tok.decode(ids)
+                tr.add_turn(ids, kind, turn,
+                            rollout.action_ranges(tok, ids, text, search_env.parse_action(text)))
                 if kind == "search":
                     tr.add_observation(filler(observation_tokens))
             transcripts.append(tr)
             episodes.append(q)
     n = len(transcripts)
-    return model.Rollouts(**model.collate(transcripts, tok.pad_token_id),
-                          rewards=torch.tensor([float(i % 2) for i in range(n)]),
-                          answers=[q.answers[0] for q in episodes],
-                          turns=torch.full((n,), cfg["MAX_TURNS"]), questions=episodes)
+    return rollout.Rollouts(**rollout.collate(transcripts, tok.pad_token_id),
+                            rewards=torch.tensor([float(i % 2) for i in range(n)]),
+                            answers=[q.answers[0] for q in episodes],
+                            turns=torch.full((n,), cfg["MAX_TURNS"]), questions=episodes)
 
 
 def probe_memory(shape, checkpointing, dry, path):

@@ -3,10 +3,10 @@
 train.py's METHOD picks one ("rlsd", "opsd", "sdar", "sd_search", "bicaa"); its step 4 calls
 ``credit``, which returns token advantages, the teacher's log-probs and, for the rules that add
 a loss, that loss as a function of the policy. To compare *forms* of credit, every rule reads
-the same teacher (evisd.py: gold evidence before searches, the golden answer inside answers)
-and acts on the same tokens m (evisd.correction_mask: the content of generated actions) unless
-its docstring says otherwise; where a paper's teacher or token set differs, the docstring says
-how, and the difference is ours. Each formula is a pure function of tensors; its docstring
+the same teacher (evisd.py: each action kind re-scored under its own privileged context, as
+EviSD's constants set it) and acts on the same tokens m (evisd.correction_mask: the content of
+generated actions) unless its docstring says otherwise; where a paper's teacher or token set
+differs, the docstring says how, and the difference is ours. Each formula is a pure function of tensors; its docstring
 gives its source, its defaults and how sure we are of them, from ../shared/CREDIT-RULES.md:
 code = read in the authors' code; summary = read in a detailed public summary of the paper.
 
@@ -17,6 +17,7 @@ import torch
 
 import evisd
 import model
+import rollout
 import train
 
 # RLSD: w = clip(exp(sign(A) gap), 1 - eps, 1 + eps); mixed as (1 - mix) + mix * w
@@ -69,11 +70,10 @@ def sdar_loss(logp, teacher_logp, gen_mask, mask, lam=SDAR_LAMBDA, beta=SDAR_BET
     a gated push up on the sampled tokens the teacher prefers; the gradient flows through the
     student's ``logp`` [N, T] only. It acts where A = 0. The mean is over every generated token,
     as the paper's, but the sum runs over m only: our teacher scores m alone, and elsewhere its
-    log-prob is the student's own, which would make the term a plain likelihood push."""
-    gap = (teacher_logp - logp).detach()
-    gate = torch.sigmoid(beta * gap)                                  # [N, T]
-    per_token = gate * (teacher_logp.detach() - logp)
-    return lam * (per_token * mask.float()).sum() / gen_mask.float().sum().clamp(min=1.0)
+    log-prob is the student's own, which would make the term a plain likelihood push. The
+    formula is EviSD's gated-loss row (evisd.gated_distillation_loss), on m instead of the
+    whole response."""
+    return evisd.gated_distillation_loss(logp, teacher_logp, gen_mask, mask, lam, beta)
 
 
 def top_k_jsd(teacher_logits, student_logits, k=SD_SEARCH_TOP_K):
@@ -134,7 +134,7 @@ def credit(cfg, step, policy, tokenizer, world, rollouts, adv, student_logp):
     settings = train.evisd_settings(cfg)
     device = adv.device
     gen_mask = rollouts.gen_mask.to(device)
-    mask = evisd.correction_mask(rollouts, tokenizer, settings).to(device)
+    mask = evisd.correction_mask(rollouts, settings).to(device)
     # RLSD cannot act where A = 0: like EviSD it re-scores only the other episodes.
     rows = (adv.nonzero().squeeze(1).tolist() if method == "rlsd"
             else list(range(len(adv))))
@@ -151,7 +151,7 @@ def credit(cfg, step, policy, tokenizer, world, rollouts, adv, student_logp):
         def extra_loss(policy, logp):
             return sdar_loss(logp, teacher_logp, gen_mask, mask)
     elif method == "sd_search":
-        queries = mask & (rollouts.action_kind.to(device) == model.KIND_IDS["search"])
+        queries = mask & (rollouts.action_kind.to(device) == rollout.KIND_IDS["search"])
         teacher_logits = query_logits_teacher(policy, tokenizer, world, rollouts, queries,
                                               settings)
 
@@ -194,9 +194,9 @@ def query_logits_teacher(policy, tokenizer, world, rollouts, queries, settings):
     batch = evisd.teacher_batch(tokenizer, world, rollouts, rows, settings)
     pos = batch["student_pos"]
     wanted = torch.zeros_like(batch["score_mask"], dtype=torch.bool)
-    for u, i in enumerate(rows):
-        inside = pos[u] >= 0
-        wanted[u, inside] = queries[i].cpu()[pos[u, inside]]
+    for u, i in enumerate(batch["owner"].tolist()):
+        inside = pos[u] >= 0      # a query token, where this sequence scores it (its evidence's)
+        wanted[u, inside] = queries[i].cpu()[pos[u, inside]] & batch["score_mask"][u, inside].bool()
     device = queries.device
     return next_token_logits(policy, batch["input_ids"].to(device),
                              batch["attention_mask"].to(device), wanted.to(device))

@@ -9,12 +9,13 @@ import torch
 import evisd
 import grpo
 import model
+import rollout
 import runs
 import search_env
 import train
 import warmup
 from conftest import DEVICE
-from test_model import _check_masks, tok, trained, world  # noqa: F401 (fixtures)
+from test_rollout import _check_masks, tok, trained, world  # noqa: F401 (fixtures)
 
 # train.py's config on this device, every "auto" resolved: the dtype it computes in (bf16
 # autocast on CUDA), and how far its log-probs may sit from the CPU's float32 ones: bf16 keeps
@@ -44,7 +45,7 @@ def test_cached_rollout_on_the_device_matches_a_fresh_forward(trained, world, to
     lm = copy.deepcopy(trained).to(device)
     qs = world.split("train")[:6]
     envs = [search_env.SearchEnv(world, q, max_turns=1 + i % 3) for i, q in enumerate(qs)]
-    r = model.rollout(lm, tok, envs, max_new_tokens=24, greedy=True)
+    r = rollout.rollout(lm, tok, envs, max_new_tokens=24, greedy=True)
     # results come back for the env and the masks
     assert r.input_ids.device.type == "cpu"
     _check_masks(r, tok, world)
@@ -72,8 +73,8 @@ def test_evisd_advantages_on_the_device_are_bounded_and_keep_the_sign(sampled, w
     with torch.no_grad(), model.autocast(device, dtype):
         logp = model.token_logprobs(lm, r.input_ids.to(device), r.attention_mask.to(device),
                                 r.gen_mask.to(device), temperature=cfg["TEMPERATURE"])  # [N, T]
-        token_adv, lp_teacher = evisd.corrected_advantages(lm, tok, world, r, adv, logp,
-                                                           train.evisd_settings(cfg))
+        token_adv, lp_teacher, _ = evisd.credit(lm, tok, world, r, adv, logp,
+                                                train.evisd_settings(cfg))
     stats = evisd.gap_stats(adv, lp_teacher - logp, token_adv, r.gen_mask.to(device),
                             r.action_kind.to(device))
     assert token_adv.device.type == device.type and token_adv.shape == r.input_ids.shape
@@ -86,23 +87,31 @@ def test_evisd_advantages_on_the_device_are_bounded_and_keep_the_sign(sampled, w
     assert stats["modulated_frac"] > 0 and torch.isfinite(lp_teacher).all()
 
 
-@pytest.mark.parametrize("method", ["grpo", "evisd"])
-def test_one_update_on_the_device_moves_the_weights(sampled, world, tok, method, monkeypatch):
+# GRPO, EviSD, and each row of the paper's ablation table (train.py's EviSD block)
+ROWS = {"grpo": {"METHOD": "grpo"}, "evisd": {}, "response": {"EVISD_SPAN": "response"},
+        "gated_loss": {"EVISD_FORM": "gated_loss"}, "answer_only": {"USE_SEARCH_EVIDENCE": False},
+        "shared": {"TEACHER_CONTEXT": "shared"}}
+
+
+@pytest.mark.parametrize("row", ROWS)
+def test_one_update_on_the_device_moves_the_weights(sampled, world, tok, row, monkeypatch):
     """train.rl_step on the device, its world and rollout replaced by the sampled batch."""
     lm, r = sampled
     lm = copy.deepcopy(lm)
-    cfg = dict(CFG, METHOD=method, LR=1e-3)
+    cfg = dict(CFG, **ROWS[row], LR=1e-3)
+    method = cfg["METHOD"]
     ref = copy.deepcopy(lm).to(dtype).eval().requires_grad_(False)
     before = [p.detach().clone() for p in lm.parameters()]
     opt = torch.optim.AdamW(lm.parameters(), lr=cfg["LR"])
     monkeypatch.setattr(train, "step_world", lambda cfg, step: world)
-    monkeypatch.setattr(train.model, "rollout", lambda *args, **kwargs: r)
+    monkeypatch.setattr(train.rollout, "rollout", lambda *args, **kwargs: r)
     metrics, record = train.rl_step(cfg, 0, lm, ref, tok, opt)
     assert "nonfinite_loss" not in metrics and metrics["kl"] >= 0
     assert max((p.detach() - b).abs().max().item() for p, b in zip(lm.parameters(), before)) > 1e-5
     beside = train.measure_beside(cfg, record)
     assert ("modulated_frac" in beside) == (method == "evisd")
     assert (record["gap"] != 0).any() == (method == "evisd")
+    assert ("extra_loss" in metrics) == (row == "gated_loss")
 
 
 def test_gradient_checkpointing_on_the_device_gives_the_same_gradients(tok):

@@ -1,5 +1,5 @@
-"""Tests for evisd.py: the paper's correction (its equation, signs, bounds, masks) and the
-teacher context."""
+"""Tests for evisd.py: the paper's correction (its equation, signs, bounds, masks), the
+teacher's action-aligned contexts, and each row of the paper's ablation table."""
 import math
 
 import pytest
@@ -7,13 +7,12 @@ import torch
 
 import evisd
 import model
+import rollout
 import search_env
 import toy_world
 import train
 
-S, A_ = model.KIND_IDS["search"], model.KIND_IDS["answer"]
-# One block before the first search, one before the opening <answer>: the simplest placement.
-FIRST_AND_BEFORE = evisd.Settings(evidence_at="first", answer_at="tag")
+S, A_ = rollout.KIND_IDS["search"], rollout.KIND_IDS["answer"]
 
 
 def correct(adv, lp_s, lp_t, gen, kind, lam=0.2, tau=5.0, use_search=True, use_answer=True,
@@ -155,8 +154,8 @@ def test_gap_stats_by_sign():
 # ----------------------------------------------------------------------------- teacher context
 @pytest.fixture(scope="module", params=["embedded", "pretrained-style"])
 def setup(request):
-    """An expert episode encoded by the embedded tokenizer (every tag one token) or by the
-    pretrained-style stand-in of conftest.py (every tag several tokens)."""
+    """An expert episode (search, search, answer) encoded by the embedded tokenizer (every tag
+    one token) or by the pretrained-style stand-in of conftest.py (every tag several tokens)."""
     if request.param == "embedded":
         tok = model.build_tokenizer(model.tokenizer_texts(seeds=(0,)))
     else:
@@ -165,143 +164,197 @@ def setup(request):
                                  n_companies=6)
     q = [q for q in world.split("train") if q.hops == 2][0]
     ep = toy_world.expert_episode(q, world)
-    tr = model.encode_episode(tok, model.render_prompt(tok, q), ep.turns, ep.observations)
+    tr = rollout.encode_episode(tok, model.render_prompt(tok, q), ep.turns, ep.observations)
     return tok, world, q, tr
 
 
-def test_teacher_context_placement(setup):
+def batch_of(tok, q, transcripts, rewards=None):
+    """Transcripts of question ``q`` as a Rollouts batch."""
+    n = len(transcripts)
+    return rollout.Rollouts(**rollout.collate(transcripts, tok.pad_token_id),
+                            rewards=torch.tensor(rewards or [1.0] * n), answers=[None] * n,
+                            turns=torch.tensor([len(t.spans) for t in transcripts]),
+                            questions=[q] * n)
+
+
+def sequences(batch):
+    """A teacher_batch's sequences as [(ids, student_pos, the student positions scored)]."""
+    out = []
+    for u in range(len(batch["owner"])):
+        n = int(batch["attention_mask"][u].sum())
+        ids, pos = batch["input_ids"][u, :n].tolist(), batch["student_pos"][u, :n].tolist()
+        out.append((ids, pos, {p for p, m in zip(pos, batch["score_mask"][u, :n].tolist()) if m}))
+    return out
+
+
+def content(spans, kind):
+    return {p for s in spans if s.kind == kind for p in range(s.content_start, s.content_end)}
+
+
+def test_aligned_teachers_each_read_only_their_own_block(setup):
+    """The paper's action-aligned context, by default: the search teacher's input holds the
+    evidence and no token of the answer block, the answer teacher's the answer block and no
+    token of the evidence; the student's own tokens in order around them."""
     tok, world, q, tr = setup
     ev, ans = evisd.privileged_ids(tok, q, world)
     assert tok.decode(ev) == search_env.format_information(world.evidence_docs(q))
-    teacher, pos = evisd.insert_privileged(tr, ev, ans, FIRST_AND_BEFORE)
-    s1 = next(s for s, _, k, _ in tr.spans if k == "search")
-    sa = next(s for s, _, k, _ in tr.spans if k == "answer")
-    # Nothing changes before the first search action: earlier tokens cannot see any block.
-    assert teacher.ids[:s1] == tr.ids[:s1]
-    # The evidence sits right before the first search, the golden answer right before the answer.
-    assert teacher.ids[s1:s1 + len(ev)] == ev
-    ta = next(s for s, _, k, _ in teacher.spans if k == "answer")
-    assert teacher.ids[ta - len(ans):ta] == ans
-    assert q.answers[0] in tok.decode(teacher.ids[ta - len(ans):ta])
-    # The teacher scores exactly the student's tokens: the position map aligns them.
-    for j, p in enumerate(pos):
-        if p >= 0:
-            assert teacher.ids[j] == tr.ids[p] and teacher.kind[j] == tr.kind[p]
-    assert sum(p < 0 for p in pos) == len(ev) + len(ans)
-    for (s, e, k, _), (ts, te, tk, _) in zip(tr.spans, teacher.spans):
-        assert tr.ids[s:e] == teacher.ids[ts:te] and k == tk
-    # Inserted tokens are not trained on.
-    assert all(teacher.gen[j] == 0 and teacher.info[j] == 1 for j, p in enumerate(pos) if p < 0)
+    batch = evisd.teacher_batch(tok, world, batch_of(tok, q, [tr]), [0], evisd.Settings())
+    (search_ids, search_pos, search_scored), (answer_ids, answer_pos, answer_scored) = \
+        sequences(batch)
+    assert batch["owner"].tolist() == [0, 0]
+    searches = [s for s in tr.spans if s.kind == "search"]
+    answer = next(s for s in tr.spans if s.kind == "answer")
+    for ids, pos in ((search_ids, search_pos), (answer_ids, answer_pos)):
+        kept = [t for t, p in zip(ids, pos) if p >= 0]
+        assert kept == tr.ids[:len(kept)]                 # the student's tokens, none left out
+    # the search teacher: an evidence block right before each search, and nothing else
+    assert [t for t, p in zip(search_ids, search_pos) if p < 0] == ev * len(searches)
+    for s in searches:
+        j = search_pos.index(s.action)
+        assert search_ids[j - len(ev):j] == ev
+    assert search_scored == content(tr.spans, "search")
+    # the answer teacher: the answer block after the opening <answer> tag, and nothing else
+    assert [t for t, p in zip(answer_ids, answer_pos) if p < 0] == ans
+    j = answer_pos.index(answer.content_start)
+    assert answer_ids[j - len(ans):j] == ans and q.answers[0] in tok.decode(ans)
+    assert search_env.ANSWER in tok.decode(tr.ids[answer.action:answer.content_start])
+    assert answer_scored == content(tr.spans, "answer")
+    # Shared (the paper's -0.2 row): one sequence, evidence and answer before every action.
+    (ids, pos, scored), = sequences(evisd.teacher_batch(
+        tok, world, batch_of(tok, q, [tr]), [0], evisd.Settings(context="shared")))
+    assert [t for t, p in zip(ids, pos) if p < 0] == (ev + ans) * (len(searches) + 1)
+    for at in [s.action for s in searches] + [answer.content_start]:
+        j = pos.index(at)
+        assert ids[j - len(ev + ans):j] == ev + ans
+    assert scored == search_scored | answer_scored
 
 
-def test_teacher_answer_block_never_before_search(setup):
-    tok, world, q, tr = setup
-    ev, ans = evisd.privileged_ids(tok, q, world)
-    teacher, _ = evisd.insert_privileged(tr, ev, ans, evisd.Settings(evidence=False), tok)
-    last_search_end = max(e for _, e, k, _ in teacher.spans if k == "search")
-    assert teacher.ids[:last_search_end] == tr.ids[:last_search_end]   # no block before searches
-    assert len(teacher.ids) == len(tr.ids) + len(ans)
-
-
-def _three_search_episode(tok, world):
-    """Searches for both hops and one repeat, then the answer: three search spans."""
+def _three_search_episode(tok, world, first=None):
+    """Searches for both hops and one repeat, then the answer; ``first``: an extra first turn."""
     q = [q for q in world.split("train") if q.hops == 2][0]
-    env = search_env.SearchEnv(world, q, max_turns=4)
-    turns = [f"<think> x. </think><search> {e} </search>"
-             for e in q.hop_queries + q.hop_queries[:1]]
+    env = search_env.SearchEnv(world, q, max_turns=5)
+    turns = [first] if first else []
+    turns += [f"<think> x. </think><search> {e} </search>"
+              for e in q.hop_queries + q.hop_queries[:1]]
     turns.append(f"<think> y. </think><answer> {q.answers[0]} </answer>")
     observations = [env.step(t).observation for t in turns]
-    return q, model.encode_episode(tok, model.render_prompt(tok, q), turns, observations)
+    return q, rollout.encode_episode(tok, model.render_prompt(tok, q), turns, observations)
 
 
-def test_evidence_before_every_search_and_answer_block_after_the_tag(setup):
+def test_a_later_search_reads_a_copy_per_earlier_search_or_one(setup):
     tok, world, _, _ = setup
     q, tr = _three_search_episode(tok, world)
+    ev, _ = evisd.privileged_ids(tok, q, world)
+    starts = [s.action for s in tr.spans if s.kind == "search"]
+    for evidence_at, copies in (("every", 3), ("first", 1)):
+        (ids, pos, _), _ = sequences(evisd.teacher_batch(
+            tok, world, batch_of(tok, q, [tr]), [0], evisd.Settings(evidence_at=evidence_at)))
+        assert [t for t, p in zip(ids, pos) if p < 0] == ev * copies
+        j = pos.index(starts[0])
+        assert ids[j - len(ev):j] == ev                   # right before the first search
+        # the k-th search reads min(k, copies) copies, all before it
+        assert all(sum(p < 0 for p in pos[:pos.index(at)]) == len(ev) * min(k + 1, copies)
+                   for k, at in enumerate(starts))
+
+
+def test_response_span_scores_every_turn_after_its_block(setup):
+    """The whole-response row: every generated token is scored and corrected, thinking and
+    invalid turns included; each turn's block sits before its first token."""
+    tok, world, _, _ = setup
+    q, tr = _three_search_episode(tok, world, first="<think> hmm </think> no tag")
+    assert [s.kind for s in tr.spans] == ["invalid", "search", "search", "search", "answer"]
+    settings = evisd.Settings(span="response")
+    r = batch_of(tok, q, [tr])
+    assert torch.equal(evisd.correction_mask(r, settings), r.gen_mask.bool())
     ev, ans = evisd.privileged_ids(tok, q, world)
-    every = evisd.Settings(evidence_at="every", answer_at="content")
-    teacher, pos = evisd.insert_privileged(tr, ev, ans, every, tok)
-    assert sum(p < 0 for p in pos) == 3 * len(ev) + len(ans)
-    for s, e, k, _ in teacher.spans:
-        # a block right before each search
-        if k == "search":
-            assert teacher.ids[s - len(ev):s] == ev
-    (s, e), (s0, e0) = [(s, e) for t in (teacher, tr) for s, e, k, _ in t.spans if k == "answer"]
-    cut = model.tag_length(tok, tr.ids[s0:e0], "answer")
-    # the decision comes first,
-    assert search_env.ANSWER in tok.decode(teacher.ids[s:s + cut])
-    # then the golden answer
-    assert teacher.ids[s + cut:s + cut + len(ans)] == ans
-    kept = [teacher.ids[j] for j in range(s, e) if pos[j] >= 0]
-    assert kept == tr.ids[s0:e0] and e - s == e0 - s0 + len(ans)   # the span holds its block
-    # Aligned: every student token is scored where it sits in the teacher's sequence.
-    assert all(teacher.ids[j] == tr.ids[p] and teacher.kind[j] == tr.kind[p]
-               for j, p in enumerate(pos) if p >= 0)
-    once, _ = evisd.insert_privileged(tr, ev, ans, FIRST_AND_BEFORE, tok)
-    assert len(once.ids) == len(tr.ids) + len(ev) + len(ans)
+    (ids, pos, scored), (a_ids, a_pos, a_scored) = sequences(
+        evisd.teacher_batch(tok, world, r, [0], settings))
+    turns = {s.kind: [] for s in tr.spans}
+    for s in tr.spans:
+        turns[s.kind].append(s)
+    assert scored == {p for s in turns["invalid"] + turns["search"] for p in range(s.start, s.end)}
+    assert a_scored == {p for s in turns["answer"] for p in range(s.start, s.end)}
+    for s in turns["invalid"] + turns["search"]:
+        j = pos.index(s.start)
+        assert ids[j - len(ev):j] == ev
+    j = a_pos.index(turns["answer"][0].start)
+    assert a_ids[j - len(ans):j] == ans
 
 
-def test_content_span_is_the_query_or_answer_between_the_tags(setup):
+def test_correction_mask_by_span_and_privilege(setup):
+    """m covers the content (default), the whole action (tags too), or the whole response;
+    without search evidence (the answer-only row), only the answer action."""
     tok, world, q, tr = setup
-    b = model.collate([tr], tok.pad_token_id)
-    r = model.Rollouts(**b, rewards=torch.tensor([1.0]), answers=[None], turns=torch.tensor([3]),
-                       questions=[q])
-    content = evisd.correction_mask(r, tok, evisd.Settings())[0]        # the paper's m
-    action = evisd.correction_mask(r, tok, evisd.Settings(span="action"))[0]
-    assert (content <= action).all() and content.sum() < action.sum()
-    for s, e, k, turn in tr.spans:
-        if k not in model.KIND_IDS:
+    r = batch_of(tok, q, [tr])
+    content_m = evisd.correction_mask(r, evisd.Settings())[0]
+    action_m = evisd.correction_mask(r, evisd.Settings(span="action"))[0]
+    assert torch.equal(action_m, r.action_kind[0] > 0)
+    assert (content_m <= action_m).all() and content_m.sum() < action_m.sum()
+    assert set(content_m.nonzero().squeeze(1).tolist()) == (content(tr.spans, "search")
+                                                            | content(tr.spans, "answer"))
+    answer_only = evisd.correction_mask(r, evisd.Settings(evidence=False))[0]
+    assert set(answer_only.nonzero().squeeze(1).tolist()) == content(tr.spans, "answer")
+    no_answer = evisd.correction_mask(r, evisd.Settings(answer=False, span="response"))[0]
+    assert not no_answer[next(s for s in tr.spans if s.kind == "answer").start:].any()
+
+
+def test_content_is_the_query_or_answer_between_the_tags(setup):
+    tok, world, q, tr = setup
+    for s in tr.spans:
+        if s.kind == "invalid":
             continue
-        inside = content[s:e].nonzero().squeeze(1)
-        first, last = int(inside[0]), int(inside[-1]) + 1
-        assert content[s + first:s + last].all()                     # one run of tokens
-        opening, closing = ((search_env.SEARCH, search_env.SEARCH_END) if k == "search"
+        opening, closing = ((search_env.SEARCH, search_env.SEARCH_END) if s.kind == "search"
                             else (search_env.ANSWER, search_env.ANSWER_END))
         # before it: the opening tag, completed by its last token; after it: the closing tag
-        assert tok.decode(tr.ids[s:s + first]).rstrip().endswith(opening)
-        assert closing in tok.decode(tr.ids[s + last:e])
-        assert closing not in tok.decode(tr.ids[s:s + last])
-        assert first == model.tag_length(tok, tr.ids[s:e], k)
-        action_text = search_env.parse_action(tok.decode(tr.ids[s:e])).content
-        assert tok.decode(tr.ids[s + first:s + last]).strip() == action_text
+        assert tok.decode(tr.ids[s.action:s.content_start]).rstrip().endswith(opening)
+        assert closing in tok.decode(tr.ids[s.content_end:s.end])
+        assert closing not in tok.decode(tr.ids[s.action:s.content_end])
+        action_text = search_env.parse_action(tok.decode(tr.ids[s.action:s.end])).content
+        assert tok.decode(tr.ids[s.content_start:s.content_end]).strip() == action_text
 
 
-def test_teacher_logprobs_align_with_a_manual_forward(setup):
+@pytest.mark.parametrize("settings", [evisd.Settings(), evisd.Settings(context="shared"),
+                                      evisd.Settings(span="response", evidence_at="first")])
+def test_teacher_logprobs_align_with_a_manual_forward(setup, settings):
     tok, world, q, tr = setup
     lm = model.build_model(tok, "tiny").eval()
-    b = model.collate([tr, tr], tok.pad_token_id)
-    r = model.Rollouts(**b, rewards=torch.tensor([1.0, 0.0]), answers=[None, None],
-                   turns=torch.tensor([3, 3]), questions=[q, q])
-    batch = evisd.teacher_batch(tok, world, r, [0, 1], FIRST_AND_BEFORE)
+    r = batch_of(tok, q, [tr, tr], [1.0, 0.0])
     lp_s = torch.full(r.input_ids.shape, -7.0)
-    lp_t = evisd.teacher_logprobs(lm, tok, world, r, lp_s, [0, 1], FIRST_AND_BEFORE)
-    ev, ans = evisd.privileged_ids(tok, q, world)
-    teacher, pos = evisd.insert_privileged(tr, ev, ans, FIRST_AND_BEFORE)
-    full = model.token_logprobs(lm, torch.tensor([teacher.ids]),
-                                torch.ones(1, len(teacher.ids), dtype=torch.long))[0]
-    scored = (r.action_kind[0] > 0)
-    assert scored.sum() > 0 and (lp_t[0][~scored] == -7.0).all()   # unscored: the student's value
-    for j, p in enumerate(pos):
-        if p >= 0 and scored[p]:
-            assert lp_t[0, p].item() == pytest.approx(full[j].item(), abs=1e-5)
+    lp_t = evisd.teacher_logprobs(lm, tok, world, r, lp_s, [0, 1], settings)
+    seen = set()
+    for ids, pos, scored in sequences(evisd.teacher_batch(tok, world, r, [0], settings)):
+        full = model.token_logprobs(lm, torch.tensor([ids]), torch.ones(1, len(ids),
+                                                                        dtype=torch.long))[0]
+        for j, p in enumerate(pos):
+            if p in scored:
+                assert lp_t[0, p].item() == pytest.approx(full[j].item(), abs=1e-5)
+        seen |= scored
+    assert seen == set(evisd.correction_mask(r, settings)[0].nonzero().squeeze(1).tolist())
+    unscored = torch.ones(r.input_ids.shape[1], dtype=torch.bool)
+    unscored[list(seen)] = False
+    assert (lp_t[0][unscored] == -7.0).all()                 # unscored: the student's value
     assert torch.allclose(lp_t[0], lp_t[1])
-    # only some episodes
-    sub = evisd.teacher_logprobs(lm, tok, world, r, lp_s, [1], FIRST_AND_BEFORE)
+    sub = evisd.teacher_logprobs(lm, tok, world, r, lp_s, [1], settings)   # only some episodes
     assert torch.allclose(sub[1], lp_t[1], atol=1e-6) and (sub[0] == -7.0).all()
-    # The teacher batch is cut after the last scored token.
-    assert batch["input_ids"].shape[1] == max(j for j, p in enumerate(pos)
-                                              if p >= 0 and scored[p]) + 1
+
+
+def _noisy_turns(world, q):
+    import random
+    for seed in range(50):
+        ep = toy_world.expert_episode(q, world, noise=1.0, rng=random.Random(seed))
+        if ep.turns[0].count("<search>") and ep.reward == 0:
+            return ep.turns, ep.observations
+    raise AssertionError("no noisy episode with a search")
 
 
 def test_teacher_logprobs_selects_rows_and_scores_duplicates_once(setup, monkeypatch):
     tok, world, q, tr = setup
     lm = model.build_model(tok, "tiny").eval()
-    other = model.encode_episode(tok, model.render_prompt(tok, q), *_noisy_turns(world, q))
-    b = model.collate([tr, other, tr, tr], tok.pad_token_id)
-    r = model.Rollouts(**b, rewards=torch.zeros(4), answers=[None] * 4, turns=torch.full((4,), 3),
-                   questions=[q] * 4)
+    other = rollout.encode_episode(tok, model.render_prompt(tok, q), *_noisy_turns(world, q))
+    r = batch_of(tok, q, [tr, other, tr, tr], [0.0] * 4)
     lp_s = torch.full(r.input_ids.shape, -7.0)
     settings = evisd.Settings()
-    # Every row on its own, one teacher sequence each.
+    # Every row on its own, its teacher sequences alone.
     expected = torch.stack([evisd.teacher_logprobs(lm, tok, world, r, lp_s, [i], settings)[i]
                             for i in range(4)])
     seen = []
@@ -314,36 +367,123 @@ def test_teacher_logprobs_selects_rows_and_scores_duplicates_once(setup, monkeyp
     assert (evisd.teacher_logprobs(lm, tok, world, r, lp_s, [], settings) == -7.0).all()
 
 
-def _noisy_turns(world, q):
-    import random
-    for seed in range(50):
-        ep = toy_world.expert_episode(q, world, noise=1.0, rng=random.Random(seed))
-        if ep.turns[0].count("<search>") and ep.reward == 0:
-            return ep.turns, ep.observations
-    raise AssertionError("no noisy episode with a search")
-
-
-def test_corrected_advantages_is_the_teacher_then_the_correction(setup):
+@pytest.fixture(scope="module")
+def step_batch(setup):
+    """A tiny model, four episodes of one question (two right, two wrong), A, the student's
+    log-probs: what train.rl_step hands evisd.credit."""
     tok, world, q, tr = setup
     lm = model.build_model(tok, "tiny").eval()
-    other = model.encode_episode(tok, model.render_prompt(tok, q), *_noisy_turns(world, q))
-    b = model.collate([tr, other, tr, other], tok.pad_token_id)
-    r = model.Rollouts(**b, rewards=torch.tensor([1.0, 0.0, 1.0, 0.0]), answers=[None] * 4,
-                   turns=torch.full((4,), 3), questions=[q] * 4)
-    adv = torch.tensor([1.0, -1.0, 0.0, 0.0])        # the last two: A = 0, never re-scored
+    other = rollout.encode_episode(tok, model.render_prompt(tok, q), *_noisy_turns(world, q))
+    r = batch_of(tok, q, [tr, other, tr, other], [1.0, 0.0, 1.0, 0.0])
+    adv = torch.tensor([1.0, -1.0, 0.0, 0.0])        # the last two: A = 0
     with torch.no_grad():
         lp_s = model.token_logprobs(lm, r.input_ids, r.attention_mask, r.gen_mask)
-    cfg = dict(METHOD="evisd", USE_SEARCH_EVIDENCE=True, USE_ANSWER_PRIVILEGE=True,
-               EVIDENCE_AT="every", ANSWER_AT="content", EVISD_SPAN="content",
-               EVISD_LAMBDA=0.5, EVISD_TAU=2.0, TEMPERATURE=1.0)
+    return lm, tok, world, r, adv, lp_s
+
+
+def test_credit_is_the_teacher_then_the_bounded_correction(step_batch):
+    lm, tok, world, r, adv, lp_s = step_batch
+    cfg = dict(train.DEFAULTS, EVISD_LAMBDA=0.5, EVISD_TAU=2.0, TEMPERATURE=1.0)
     settings = train.evisd_settings(cfg)
-    token_adv, lp_t = evisd.corrected_advantages(lm, tok, world, r, adv, lp_s, settings)
+    token_adv, lp_t, extra = evisd.credit(lm, tok, world, r, adv, lp_s, settings)
+    assert extra is None
     expected_t = evisd.teacher_logprobs(lm, tok, world, r, lp_s, [0, 1], settings)
     assert torch.allclose(lp_t, expected_t) and torch.equal(lp_t[2:], lp_s[2:])
-    tags = (evisd.correction_mask(r, tok, evisd.Settings(span="action"))
-            & ~evisd.correction_mask(r, tok, settings))
-    expected, _ = correct(adv, lp_s, expected_t, r.gen_mask, r.action_kind, lam=0.5, tau=2.0,
-                          keep_mask=tags)
+    m = evisd.correction_mask(r, settings)
+    expected = evisd.evisd_correction(adv, expected_t - lp_s, r.gen_mask, m, 0.5, 2.0)
     assert torch.allclose(token_adv, expected)
-    assert torch.equal(token_adv[tags], adv[:, None].expand_as(token_adv)[tags])   # the tags keep A
-    assert not torch.equal(token_adv[:2], adv[:2, None] * r.gen_mask[:2])          # the rest moved
+    plain = adv[:, None] * r.gen_mask
+    assert torch.equal(token_adv[~m], plain[~m])          # tags and thinking keep A
+    assert not torch.equal(token_adv[:2], plain[:2])      # the content moved
+
+
+def test_response_row_moves_the_thinking(step_batch):
+    lm, tok, world, r, adv, lp_s = step_batch
+    thinking = r.gen_mask.bool() & (r.action_kind == 0)
+    plain = adv[:, None] * r.gen_mask
+    for span, moves in (("content", False), ("action", False), ("response", True)):
+        token_adv, _, _ = evisd.credit(lm, tok, world, r, adv, lp_s, evisd.Settings(span=span))
+        assert (token_adv[thinking] != plain[thinking]).any() == moves, span
+        tags = (r.action_kind > 0) & ~evisd.correction_mask(r, evisd.Settings())
+        assert (token_adv[tags] != plain[tags]).any() == (span != "content"), span
+
+
+def test_answer_only_row_rescores_and_corrects_the_answer_alone(step_batch):
+    lm, tok, world, r, adv, lp_s = step_batch
+    token_adv, lp_t, _ = evisd.credit(lm, tok, world, r, adv, lp_s, evisd.Settings(evidence=False))
+    searching = r.action_kind != A_
+    assert torch.equal(lp_t[searching], lp_s[searching])  # no search token re-scored
+    plain = adv[:, None] * r.gen_mask
+    assert torch.equal(token_adv[searching], plain[searching])
+    answers = (r.action_kind == A_) & (adv[:, None] != 0)
+    assert (token_adv[answers] != plain[answers]).any()
+
+
+def test_gated_loss_gradient_by_hand():
+    """d loss / d logp_t = -coef * sigmoid(tau * gap_t) * m_t / (generated tokens)."""
+    torch.manual_seed(0)
+    gen = torch.tensor([[0, 1, 1, 1, 1, 0], [0, 0, 1, 1, 0, 0]])
+    m = torch.tensor([[0, 1, 0, 1, 1, 0], [0, 0, 1, 1, 0, 0]], dtype=torch.bool)
+    logp = (-torch.rand(2, 6) * 3).requires_grad_()
+    lp_t = (-torch.rand(2, 6) * 3).requires_grad_()
+    loss = evisd.gated_distillation_loss(logp, lp_t, gen, m, coef=0.3, tau=2.0)
+    gap = (lp_t - logp).detach()
+    n = gen.sum().item()
+    by_hand = sum(0.3 * (1 / (1 + math.exp(-2.0 * gap[i, t].item()))) * gap[i, t].item() / n
+                  for i in range(2) for t in range(6) if m[i, t])
+    assert loss.item() == pytest.approx(by_hand, rel=1e-5)
+    loss.backward()
+    assert torch.allclose(logp.grad, -0.3 * torch.sigmoid(2.0 * gap) * m / n, atol=1e-7)
+    # The teacher is detached: no gradient reaches its log-probs through the loss.
+    assert lp_t.grad is None
+
+
+def test_gated_loss_row_keeps_a_and_adds_a_response_wide_loss(step_batch):
+    lm, tok, world, r, adv, lp_s = step_batch
+    settings = evisd.Settings(form="gated_loss")
+    token_adv, lp_t, extra = evisd.credit(lm, tok, world, r, adv, lp_s, settings)
+    assert torch.equal(token_adv, adv[:, None] * r.gen_mask)          # plain GRPO advantages
+    assert torch.equal(evisd.correction_mask(r, settings), r.gen_mask.bool())   # every token
+    assert (lp_t[2:] != lp_s[2:]).any()                                # A = 0 re-scored too
+    logp = lp_s.clone().requires_grad_()
+    loss = extra(lm, logp)
+    loss.backward()
+    expected = -0.01 * torch.sigmoid(5.0 * (lp_t - lp_s)) * r.gen_mask / r.gen_mask.sum()
+    assert torch.allclose(logp.grad, expected, atol=1e-8)
+
+
+@pytest.mark.parametrize("form", ["bounded", "gated_loss"])
+def test_each_form_is_plain_grpo_at_coefficient_zero(step_batch, form):
+    lm, tok, world, r, adv, lp_s = step_batch
+    settings = evisd.Settings(form=form, lam=0.0, gate_coef=0.0)
+    token_adv, _, extra = evisd.credit(lm, tok, world, r, adv, lp_s, settings)
+    assert torch.equal(token_adv, adv[:, None] * r.gen_mask)
+    if form == "gated_loss":
+        logp = lp_s.clone().requires_grad_()
+        loss = extra(lm, logp)
+        loss.backward()
+        assert loss.item() == 0 and (logp.grad == 0).all()
+
+
+def test_inserted_blocks_move_the_spans_with_their_tokens(setup):
+    """insert_blocks (the teacher's sequences, the warm-up's privileged demonstrations): each
+    span of the new transcript holds the same student tokens, a block at its first token lands
+    before it, a block inside it (the answer block after <answer>) stays inside it."""
+    tok, world, q, tr = setup
+    answer = next(s for s in tr.spans if s.kind == "answer")
+    inserts = {s.action: [7, 8] for s in tr.spans if s.kind == "search"}
+    inserts[answer.content_start] = [9]
+    out, pos = evisd.insert_blocks(tr, inserts)
+    assert len(out.ids) == len(tr.ids) + 2 * (len(tr.spans) - 1) + 1
+    for old, new in zip(tr.spans, out.spans):
+        for a, b, c, d in ((old.start, old.end, new.start, new.end),
+                           (old.action, old.content_start, new.action, new.content_start),
+                           (old.content_start, old.content_end, new.content_start,
+                            new.content_end)):
+            assert [out.ids[j] for j in range(c, d) if pos[j] >= 0] == tr.ids[a:b]
+        assert out.ids[new.action - 2 * (new.kind == "search"):new.action] == (
+            [7, 8] if new.kind == "search" else [])
+    new_answer = out.spans[-1]
+    assert new_answer.end - new_answer.action == answer.end - answer.action + 1
+    assert out.ids[new_answer.content_start - 1] == 9            # inside the span, before content
+    assert all(out.info[j] and not out.gen[j] for j, p in enumerate(pos) if p < 0)

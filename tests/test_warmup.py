@@ -59,7 +59,7 @@ def test_warmup_demonstrator_has_its_habits_only_when_asked():
         b = warmup_batch(cfg, tok, 0, privileged_frac)
         return [[tok.decode(b["input_ids"][i, s:e]).split("<search>")[1]
                  .split("</search>")[0].split()
-                 for s, e, kind, _ in spans if kind == "search"]
+                 for s, e, kind in [(x.action, x.end, x.kind) for x in spans] if kind == "search"]
                 for i, spans in enumerate(b["spans"])]
 
     searches = lambda *args: [len(q) for q in queries(*args)]

@@ -11,6 +11,7 @@ import torch
 import evaluate
 import grpo
 import model
+import rollout
 import runs
 import search_env
 import toy_world
@@ -138,16 +139,16 @@ def test_report_card_on_a_scripted_batch(world):
     tok = model.build_tokenizer(model.tokenizer_texts(seeds=(0,)))
     good = toy_world.expert_episode(q, world)
     bad = toy_world.expert_episode(q, world, stop_early=1.0)
-    trs = [model.encode_episode(tok, model.render_prompt(tok, q), e.turns, e.observations)
+    trs = [rollout.encode_episode(tok, model.render_prompt(tok, q), e.turns, e.observations)
            for e in (good, bad)]
-    r = model.Rollouts(**model.collate(trs, tok.pad_token_id), rewards=torch.tensor([1.0, 0.0]),
+    r = rollout.Rollouts(**rollout.collate(trs, tok.pad_token_id), rewards=torch.tensor([1.0, 0.0]),
                        answers=[good.answer, bad.answer], turns=torch.tensor([3, 2]),
                        questions=[q, q], turn_texts=[good.turns, bad.turns])
     labs = credit.episode_labels(r, world, top_k=3)
     assert [a.label for a in labs[1]] == ["hit", "premature"]
     adv = torch.tensor([0.7, -0.7])
     gap = torch.zeros(r.input_ids.shape)
-    records = credit.action_records(r, labs, adv, gap, torch.ones_like(gap), tok, rows=[0, 1])
+    records = credit.action_records(r, labs, adv, gap, torch.ones_like(gap), rows=[0, 1])
     # Each action is cut into a one-token tag and its content; 3 + 2 actions.
     assert [(x["kind"], x["part"], x["label"]) for x in records if x["episode"] == 1] == [
         ("search", "tag", "right"), ("search", "content", "hit"),
@@ -157,7 +158,7 @@ def test_report_card_on_a_scripted_batch(world):
         gap[x["episode"], x["start"]:x["end"]] = 1.0 if x["good"] else -1.0
     w = torch.exp(torch.sign(adv)[:, None] * gap).clamp(0.8, 1.2)
     token_adv = adv[:, None] * w * r.gen_mask
-    card = credit.summarise(credit.action_records(r, labs, adv, gap, w, tok, rows=[0, 1]),
+    card = credit.summarise(credit.action_records(r, labs, adv, gap, w, rows=[0, 1]),
                             adv, token_adv)
     assert card["parts"]["all"]["auc"] == 1.0
     assert card["parts"]["all"]["actions"] == 10 and card["parts"]["all"]["good"] == 8
@@ -225,13 +226,13 @@ def test_decision_tag_covers_exactly_the_opening_tag(world, tokenizer, request):
            else model.load_model(request.getfixturevalue("standin_dir"), local_files_only=True)[1])
     q = first(world, "train", 2)
     ep = toy_world.expert_episode(q, world)
-    tr = model.encode_episode(tok, model.render_prompt(tok, q), ep.turns, ep.observations)
-    r = model.Rollouts(**model.collate([tr, tr], tok.pad_token_id),
-                       rewards=torch.tensor([1.0, 0.0]), answers=[ep.answer] * 2,
-                       turns=torch.tensor([3, 3]), questions=[q, q], turn_texts=[ep.turns] * 2)
+    tr = rollout.encode_episode(tok, model.render_prompt(tok, q), ep.turns, ep.observations)
+    r = rollout.Rollouts(**rollout.collate([tr, tr], tok.pad_token_id),
+                         rewards=torch.tensor([1.0, 0.0]), answers=[ep.answer] * 2,
+                         turns=torch.tensor([3, 3]), questions=[q, q], turn_texts=[ep.turns] * 2)
     gap = torch.zeros(r.input_ids.shape)
     records = credit.action_records(r, credit.episode_labels(r, world, 3),
-                                    torch.tensor([1.0, -1.0]), gap, torch.ones_like(gap), tok,
+                                    torch.tensor([1.0, -1.0]), gap, torch.ones_like(gap),
                                     rows=[0])
     text = lambda x: tok.decode(r.input_ids[0, x["start"]:x["end"]].tolist())
     tags = [x for x in records if x["part"] == "tag"]
@@ -313,10 +314,10 @@ def scripted(world):
     q = first(world, "train", 2)
     tok = model.build_tokenizer(model.tokenizer_texts(seeds=(0,)))
     eps = [toy_world.expert_episode(q, world, stop_early=s) for s in (0, 1, 0, 1, 1, 1, 1, 1)]
-    trs = [model.encode_episode(tok, model.render_prompt(tok, q), e.turns, e.observations)
+    trs = [rollout.encode_episode(tok, model.render_prompt(tok, q), e.turns, e.observations)
            for e in eps]
     rewards = torch.tensor([1.0, 0, 1, 0, 0, 0, 0, 0])
-    r = model.Rollouts(**model.collate(trs, tok.pad_token_id), rewards=rewards,
+    r = rollout.Rollouts(**rollout.collate(trs, tok.pad_token_id), rewards=rewards,
                        answers=[e.answer for e in eps], turns=torch.tensor([len(e.turns)
                                                                             for e in eps]),
                        questions=[q] * 8, turn_texts=[e.turns for e in eps])
@@ -330,7 +331,7 @@ def test_grades_of_grpo_and_of_a_rule_that_knows_the_labels(world, scripted):
     adv = torch.tensor([0.7, -0.7, 0.7, 0.5, 0.0, 0.0, -0.3, -0.3])   # a bad episode with A > 0
     labs = credit.episode_labels(r, world, top_k=3)
     zeros = torch.zeros(r.input_ids.shape)
-    records = credit.action_records(r, labs, adv, zeros, zeros, tok, range(8))
+    records = credit.action_records(r, labs, adv, zeros, zeros, range(8))
     signs = credit.label_signs(records, zeros.shape)["all"]         # +1 good, -1 bad tokens
     cards = credit.grade_rules(records, adv, {"grpo": adv[:, None] * r.gen_mask,
                                               "oracle": signs * r.gen_mask})
@@ -393,7 +394,7 @@ def test_effective_advantages_of_every_rule_on_a_scripted_batch(world, scripted,
             assert (torch.sign(token_adv[gen]) == torch.sign(plain[gen])).all(), rule
     assert (eff["sdar"] >= plain).all()
     # The rules that act on m leave the tags (no m) at plain A.
-    m = credit.evisd.correction_mask(r, tok, train.evisd_settings(cfg))
+    m = credit.evisd.correction_mask(r, train.evisd_settings(cfg))
     for rule in ("evisd", "rlsd", "opsd", "sdar"):
         assert torch.equal(eff[rule][gen & ~m], plain[gen & ~m]), rule
 

@@ -7,6 +7,7 @@ import torch
 
 import grpo
 import model
+import rollout
 import toy_world
 import train
 from lab import peers
@@ -135,10 +136,10 @@ def step_inputs():
     q = [q for q in world.split("train") if q.hops == 2][0]
     good = toy_world.expert_episode(q, world)
     bad = toy_world.expert_episode(q, world, stop_early=1.0)
-    trs = [model.encode_episode(tok, model.render_prompt(tok, q), ep.turns, ep.observations)
+    trs = [rollout.encode_episode(tok, model.render_prompt(tok, q), ep.turns, ep.observations)
            for ep in (good, bad, good, bad)]
-    b = model.collate(trs, tok.pad_token_id)
-    r = model.Rollouts(**b, rewards=torch.tensor([1.0, 0.0, 1.0, 0.0]), answers=[None] * 4,
+    b = rollout.collate(trs, tok.pad_token_id)
+    r = rollout.Rollouts(**b, rewards=torch.tensor([1.0, 0.0, 1.0, 0.0]), answers=[None] * 4,
                        turns=torch.tensor([len(t.spans) for t in trs]), questions=[q] * 4,
                        turn_texts=[good.turns, bad.turns, good.turns, bad.turns])
     adv = grpo.group_advantages(r.rewards, 4)

@@ -17,10 +17,11 @@ import torch
 import evaluate
 import evisd
 import model
+import rollout
 import search_env
 import train
 from lab import real_data
-from test_model import ForcedLM
+from test_rollout import ForcedLM
 
 DATA = os.path.join(os.path.dirname(__file__), "data")
 # the repository
@@ -393,7 +394,7 @@ def test_the_server_answers_a_rollout_with_one_request_per_turn(stub, standin):
                           "dev")
     script = [S("halden lighthouse"), A("Aurel Strand")]
     envs = search_env.episodes(w, w.questions[:3], group_size=2, max_turns=2, top_k=3)
-    r = model.rollout(ForcedLM(lm, tok, script), tok, envs, max_new_tokens=40, greedy=True,
+    r = rollout.rollout(ForcedLM(lm, tok, script), tok, envs, max_new_tokens=40, greedy=True,
                       decode="generate")
     assert stub.requests == [{"queries": ["halden lighthouse"] * 6, "topk": 3,
                               "return_scores": True}]
@@ -443,15 +444,15 @@ def test_a_server_that_is_not_there(stub):
 
 
 def forced_rollouts(script):
-    """model.rollout, with the model forced to write ``script`` (one turn per generate call)."""
-    real = model.rollout
+    """rollout.rollout, with the model forced to write ``script`` (one turn per generate call)."""
+    real = rollout.rollout
     return lambda lm, tok, *args, **kw: real(ForcedLM(lm, tok, script), tok, *args,
                                              **dict(kw, decode="generate"))
 
 
 def test_a_server_that_stays_down_stops_the_run_after_saving_a_checkpoint(stub, standin_dir,
                                                                           tmp_path, monkeypatch):
-    monkeypatch.setattr(model, "rollout", forced_rollouts([S("kessling film school"), A("1951")]))
+    monkeypatch.setattr(rollout, "rollout", forced_rollouts([S("kessling film school"), A("1951")]))
     monkeypatch.setattr(real_data, "SERVER_BACKOFF_S", 0.01)
     monkeypatch.setattr(real_data, "SERVER_ATTEMPTS", 2)
     # answers step 0's search, then goes down
@@ -536,7 +537,7 @@ def scripted(q, sample):
 
 
 def scripted_rollout(lm, tok, envs, *args, **kwargs):
-    """model.rollout's stand-in: each episode plays ``scripted`` through its real env and retriever
+    """rollout.rollout's stand-in: each episode plays ``scripted`` through its real env and retriever
     (search_env.episodes: each question's group in a row, so a sample's number is its place
     there)."""
     episodes = [env.question for env in envs]
@@ -544,10 +545,10 @@ def scripted_rollout(lm, tok, envs, *args, **kwargs):
     for prev, q in zip(episodes, episodes[1:]):
         samples.append(samples[-1] + 1 if q is prev else 0)
     texts = [scripted(q, sample) for q, sample in zip(episodes, samples)]
-    trs = [model.encode_episode(tok, model.render_prompt(tok, q), turns,
+    trs = [rollout.encode_episode(tok, model.render_prompt(tok, q), turns,
                                 [env.step(t).observation for t in turns])
            for q, env, turns in zip(episodes, envs, texts)]
-    return model.Rollouts(**model.collate(trs, tok.pad_token_id),
+    return rollout.Rollouts(**rollout.collate(trs, tok.pad_token_id),
                           rewards=torch.tensor([e.reward for e in envs]),
                           answers=[e.answer for e in envs],
                           turns=torch.tensor([e.turns for e in envs]),
@@ -558,7 +559,7 @@ def test_the_report_card_grades_the_teacher_on_hotpotqa_evidence(standin_dir, tm
                                                                  monkeypatch):
     """Groups that disagree (right/wrong) on HotpotQA: the EviSD step scores them with the
     supporting sentences as evidence, and --credit labels every action from the data."""
-    monkeypatch.setattr(model, "rollout", scripted_rollout)
+    monkeypatch.setattr(rollout, "rollout", scripted_rollout)
     out = str(tmp_path / "run")
     train.main(hotpot_args(standin_dir, out, "--RL_STEPS=1", "--EVAL_EVERY=0", "--MAX_TURNS=3",
                            "--TOP_K=1"))

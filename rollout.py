@@ -1,0 +1,276 @@
+"""Rollouts: multi-turn search episodes played in batches, and their transcripts.
+
+* ``rollout`` plays ``len(envs)`` episodes as one batch per turn: the policy writes a turn (HF
+  ``generate`` by default; train.DECODE can pick fast_decode.py's loop), the turn is cut after
+  its first ``</search>`` or ``</answer>``, its text goes to the episode's env
+  (search_env.SearchEnv), and the observation is appended.
+* ``Transcript`` collects one episode's token ids and masks turn by turn; when a turn is cut, it
+  records where its action and its content lie (``Span``), from the character offsets the env's
+  parser found (search_env.parse_action). Nothing later decodes a span again to find them.
+* ``collate`` pads transcripts into the ``[N, T]`` tensors of ``Rollouts``.
+
+Sampled ids are kept, never re-encoded: the log-probs the loss computes are those of the tokens
+the policy drew. A tag may be one token (the embedded tokenizer) or several (a pretrained one);
+a token that holds part of a tag counts as the tag's.
+"""
+import bisect
+import inspect
+from dataclasses import dataclass
+from typing import NamedTuple
+
+import torch
+from transformers import DynamicCache, GenerationConfig, GenerationMixin
+
+import fast_decode
+from model import render_prompt
+from search_env import ANSWER, SEARCH, STOP_STRINGS, parse_action, step_all, stop_end
+
+KIND_IDS = {"search": 1, "answer": 2}  # values of action_kind; 0 = not inside an action
+# rollout's decode paths (train.DECODE): HF generate once per turn (the default, the one to
+# read), or fast_decode.py's own loop over a pre-allocated KV cache, plain or compiled
+DECODES = ("generate", "static", "compiled")
+# generate's KV-cache argument: renamed from past_key_values to cache in transformers 5.x.
+CACHE_KWARG = ("cache" if "cache" in inspect.signature(
+                   GenerationMixin.prepare_inputs_for_generation).parameters
+               else "past_key_values")
+
+
+# ----------------------------------------------------------------------------- transcripts
+class Span(NamedTuple):
+    """Where one generated turn lies in its transcript, as token positions (ends exclusive):
+    thinking [start, action), opening tag [action, content_start), content [content_start,
+    content_end) (the query, the answer), closing tag [content_end, end). An invalid turn has no
+    action: action = content_start = content_end = end."""
+    turn: int
+    kind: str             # "search" | "answer" | "invalid"
+    start: int
+    action: int
+    content_start: int
+    content_end: int
+    end: int
+
+
+def token_at(tokenizer, ids, char):
+    """Index of the token of ``ids`` whose text covers character ``char`` of ``decode(ids)``:
+    the first j with ``len(decode(ids[:j + 1])) > char``, found by bisection. Prefixes are
+    decoded, not single tokens: a byte-level token may hold part of a multi-byte character."""
+    return bisect.bisect_right(range(len(ids)), char,
+                               key=lambda j: len(tokenizer.decode(ids[:j + 1])))
+
+
+def action_ranges(tokenizer, turn_ids, text, action):
+    """(action, content_start, content_end): token offsets in a turn of its parsed ``action``
+    (search_env.Action, whose character offsets are in ``text``, the turn as its env read it).
+    The action starts at the token overlapping its opening tag; the content starts after the
+    token completing that tag and ends at the token overlapping the closing tag. None for an
+    invalid turn."""
+    if action.kind not in KIND_IDS:
+        return None
+    opening = SEARCH if action.kind == "search" else ANSWER
+    first = token_at(tokenizer, turn_ids, action.opening)
+    content_start = token_at(tokenizer, turn_ids, action.opening + len(opening) - 1) + 1
+    content_end = max(content_start, token_at(tokenizer, turn_ids, action.closing))
+    return first, content_start, content_end
+
+
+class Transcript:
+    """Token ids of one episode with its masks, built turn by turn.
+
+    ``gen`` marks model-written tokens (the loss mask), ``info`` environment-written ones,
+    ``kind`` the action tokens (1 search, 2 answer); ``spans`` holds one Span per turn.
+    """
+
+    def __init__(self, prompt_ids):
+        self.ids = list(prompt_ids)
+        self.prompt_len = len(self.ids)
+        self.gen, self.info, self.kind = ([0] * len(self.ids), [0] * len(self.ids),
+                                          [0] * len(self.ids))
+        self.spans = []
+
+    def add_turn(self, turn_ids, kind, turn_index, ranges=None):
+        """Append a generated turn; ``ranges`` are its action's offsets in it (action_ranges),
+        None for an invalid turn."""
+        start, n = len(self.ids), len(turn_ids)
+        action, content_start, content_end = ranges if kind in KIND_IDS else (n, n, n)
+        self.ids += turn_ids
+        self.gen += [1] * n
+        self.info += [0] * n
+        self.kind += [0] * action + [KIND_IDS.get(kind, 0)] * (n - action)
+        self.spans.append(Span(turn_index, kind, start, start + action, start + content_start,
+                               start + content_end, start + n))
+
+    def add_observation(self, obs_ids):
+        self.ids += obs_ids
+        self.gen += [0] * len(obs_ids)
+        self.info += [1] * len(obs_ids)
+        self.kind += [0] * len(obs_ids)
+
+
+def encode_episode(tokenizer, prompt, turns, observations):
+    """A Transcript of a finished episode given as text (expert demonstrations, tests)."""
+    tr = Transcript(tokenizer.encode(prompt, add_special_tokens=False))
+    for i, (turn, obs) in enumerate(zip(turns, observations)):
+        ids = tokenizer.encode(turn, add_special_tokens=False)
+        text = tokenizer.decode(ids)
+        action = parse_action(text)
+        tr.add_turn(ids, action.kind, i, action_ranges(tokenizer, ids, text, action))
+        if obs:
+            tr.add_observation(tokenizer.encode(obs, add_special_tokens=False))
+    return tr
+
+
+def collate(transcripts, pad_id):
+    """Right-pad transcripts into a dict of [N, T] tensors (plus prompt_len [N] and spans)."""
+    T = max(len(t.ids) for t in transcripts)
+
+    def pad(rows, value):
+        return torch.tensor([r + [value] * (T - len(r)) for r in rows], dtype=torch.long)
+
+    return dict(
+        input_ids=pad([t.ids for t in transcripts], pad_id),
+        attention_mask=pad([[1] * len(t.ids) for t in transcripts], 0),
+        gen_mask=pad([t.gen for t in transcripts], 0),
+        info_mask=pad([t.info for t in transcripts], 0),
+        action_kind=pad([t.kind for t in transcripts], 0),
+        prompt_len=torch.tensor([t.prompt_len for t in transcripts]),
+        spans=[t.spans for t in transcripts])
+
+
+# ----------------------------------------------------------------------------- rollout
+@dataclass
+class Rollouts:
+    """A batch of finished episodes, episode i = question i // group_size. Tensors are [N, T]
+    right-padded unless noted."""
+    input_ids: torch.Tensor
+    attention_mask: torch.Tensor
+    gen_mask: torch.Tensor      # model-written tokens (thinking and actions): the loss mask
+    info_mask: torch.Tensor     # environment-written tokens: never trained on
+    action_kind: torch.Tensor   # 1 inside <search>...</search>, 2 inside <answer>...</answer>
+    prompt_len: torch.Tensor    # [N]
+    spans: list                 # per episode: a Span per turn
+    rewards: torch.Tensor       # [N] exact match of the final answer (0 if none)
+    answers: list               # [N] predicted answer strings (None if none)
+    turns: torch.Tensor         # [N] turns used
+    questions: list             # [N] the Question of each episode
+    turn_texts: list = None     # [N] each episode's generated turns, as its env read them
+
+
+@torch.no_grad()
+def rollout(policy, tokenizer, envs, max_new_tokens=64, temperature=1.0, greedy=False,
+            decode="generate"):
+    """Play one episode per env (search_env.episodes: each question GROUP_SIZE times in a row),
+    one batched turn at a time, for at most the envs' ``max_turns`` turns.
+
+    Each sequence stops at ``</search>``, ``</answer>`` or eos; its turn ends with the token
+    that completes the stop string, the text goes to its env, and the observation's ids are
+    appended. One KV cache lives across turns, so a turn prefills only what is new: the tokens a
+    sequence would have written after its stop, and each observation's left padding, stay in
+    the batch as masked holes. That is safe because positions come from the mask's running
+    sum, so a sequence sees the positions of its right-padded transcript in training.
+    Finished episodes leave the batch and the cache. No old-policy log-probs: with one batch per
+    update they come free from the policy's forward in train.rl_step.
+
+    ``decode`` (train.DECODE): "generate", HF ``generate`` once per turn; "static" or
+    "compiled", fast_decode.py's loop, which samples the tokens generate samples for a seed
+    (tests/test_fast_decode.py; a compiled step's fused kernels may round apart).
+    """
+    if decode not in DECODES:
+        raise ValueError(f"unknown decode {decode!r}; allowed: {DECODES}")
+    device = next(policy.parameters()).device
+    pad_id = tokenizer.pad_token_id
+    # eos, and any other end-of-text id the model's own generation config lists (Qwen: two)
+    model_eos = getattr(getattr(policy, "generation_config", None), "eos_token_id", None)
+    eos_ids = {tokenizer.eos_token_id,
+               *(model_eos if isinstance(model_eos, list) else [model_eos])} - {None}
+    if decode == "generate":
+        # Every sampling knob is pinned: generate fills unset ones from the model's own
+        # generation_config (an instruct model ships top_k, top_p, repetition_penalty), and the
+        # loss needs the tokens drawn from softmax(logits / temperature) alone.
+        gen_config = GenerationConfig(
+            max_new_tokens=max_new_tokens, do_sample=not greedy,
+            temperature=temperature if not greedy else None, top_k=0 if not greedy else None,
+            top_p=1.0 if not greedy else None, repetition_penalty=1.0,
+            stop_strings=list(STOP_STRINGS), eos_token_id=sorted(eos_ids), pad_token_id=pad_id)
+        cache = DynamicCache()
+    else:
+        fast = fast_decode.TurnDecoder(policy, tokenizer, eos_ids, len(envs), max_new_tokens,
+                                       temperature, greedy, compiled=decode == "compiled")
+        cache = fast.cache
+    questions = [env.question for env in envs]
+    transcripts = [Transcript(tokenizer.encode(render_prompt(tokenizer, q),
+                                               add_special_tokens=False))
+                   for q in questions]
+    turn_texts = [[] for _ in envs]
+    # [B, L]: row r plays episode rows[r]
+    ids, mask = _left_pad([t.ids for t in transcripts], pad_id)
+    rows = list(range(len(envs)))
+    was_training = policy.training
+    policy.eval()
+    for turn in range(max(env.max_turns for env in envs)):
+        if decode == "generate":
+            out = policy.generate(input_ids=ids.to(device), attention_mask=mask.to(device),
+                                  tokenizer=tokenizer, generation_config=gen_config,
+                                  **{CACHE_KWARG: cache}).cpu()
+            new = out[:, ids.shape[1]:]
+            cuts = [cut_turn(tokenizer, new[r].tolist(), eos_ids, pad_id)
+                    for r in range(len(rows))]
+        else:
+            new, cuts = fast.decode_turn(ids, mask)
+            out = torch.cat([ids, new], dim=1)
+        kept = torch.zeros_like(new)          # 1 where a generated token belongs to its transcript
+        observations = []
+        # one retrieval call per turn
+        results = step_all([envs[i] for i in rows], [text for _, text in cuts])
+        for r, (i, (tokens, text), result) in enumerate(zip(rows, cuts, results)):
+            kept[r, :len(tokens)] = 1
+            turn_texts[i].append(text)
+            # The env parsed the action: its tags' offsets become token ranges, once, here.
+            transcripts[i].add_turn(tokens, result.action.kind, turn,
+                                    action_ranges(tokenizer, tokens, text, result.action))
+            obs = (tokenizer.encode(result.observation, add_special_tokens=False)
+                   if result.observation else [])
+            transcripts[i].add_observation(obs)
+            observations.append(obs)
+        going = [r for r, i in enumerate(rows) if not envs[i].done]
+        if not going:
+            break
+        obs_ids, obs_mask = _left_pad([observations[r] for r in going], pad_id)
+        ids = torch.cat([out[going], obs_ids], dim=1)
+        mask = torch.cat([mask[going], kept[going], obs_mask], dim=1)
+        if len(going) < len(rows):
+            cache.batch_select_indices(torch.tensor(going, device=device))
+        rows = [rows[r] for r in going]
+    policy.train(was_training)
+    batch = collate(transcripts, pad_id)
+    return Rollouts(**batch, rewards=torch.tensor([e.reward for e in envs]),
+                    answers=[e.answer for e in envs], turns=torch.tensor([e.turns for e in envs]),
+                    questions=questions, turn_texts=turn_texts)
+
+
+def _left_pad(rows, pad_id):
+    """Left-pad lists of ids to one [B, L] tensor and its mask, so every row ends at column L."""
+    L = max(1, max(map(len, rows)))
+    ids = torch.full((len(rows), L), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(rows), L), dtype=torch.long)
+    for r, row in enumerate(rows):
+        if row:
+            ids[r, L - len(row):] = torch.tensor(row)
+            mask[r, L - len(row):] = 1
+    return ids, mask
+
+
+def cut_turn(tokenizer, tokens, eos_ids, pad_id):
+    """One generated turn as (token ids, text): everything before the first eos, then cut after
+    the token that completes the first ``</search>`` or ``</answer>`` (the stop strings). The
+    text is what the env reads: it ends at the stop string, even when the last token also holds
+    a character or two after it. A turn that ran to max_new_tokens keeps what was written."""
+    eos = next((j for j, t in enumerate(tokens) if t in eos_ids), None)
+    if eos is not None:
+        tokens = tokens[:eos]
+    while tokens and tokens[-1] == pad_id:   # a row that stopped early, padded by generate
+        tokens = tokens[:-1]
+    text = tokenizer.decode(tokens)
+    end = stop_end(text)
+    if end is not None:
+        tokens, text = tokens[:token_at(tokenizer, tokens, end - 1) + 1], text[:end]
+    return tokens, text

@@ -1,0 +1,139 @@
+"""Tests for fast_decode.py: the static loop samples what HF generate samples, from the
+log-probs training scores, and stops where cut_turn cuts."""
+import pytest
+import torch
+from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM
+
+import fast_decode
+import model
+import rollout
+import search_env
+from test_rollout import (ScriptedLM, _check_masks, lm, policy, standin, tok,  # noqa: F401
+                          trained, world)
+
+
+def rollout_both_ways(lm, tok, world, greedy, decodes=("generate", "static"), seed=5):
+    """The same episodes rolled out by HF generate and by the static decode, from one seed."""
+    out = []
+    for decode in decodes:
+        torch.manual_seed(seed)
+        envs = search_env.episodes(world, world.split("train")[:6], 3, max_turns=3)
+        out.append(rollout.rollout(lm, tok, envs, max_new_tokens=32, temperature=0.7,
+                                 greedy=greedy, decode=decode))
+    return out
+
+
+@pytest.fixture(scope="module")
+def llama(tok):
+    """A small random Llama (no attention biases, its own RoPE module) on the embedded tokenizer."""
+    torch.manual_seed(0)
+    config = LlamaConfig(vocab_size=len(tok), hidden_size=64, intermediate_size=128,
+                         num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                         pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id)
+    return LlamaForCausalLM(config).eval(), tok
+
+
+@pytest.mark.parametrize("which", ["embedded", "pretrained-style", "llama"])
+@pytest.mark.parametrize("greedy", [True, False])
+def test_static_decode_samples_what_generate_samples(which, greedy, request, world, monkeypatch):
+    """Same seed, same tokens: the static loop draws the same random numbers as generate for
+    the same logits, stops at the same tokens, and keeps the same transcripts (embedded model:
+    trained so it writes tagged actions; pretrained-style: Qwen2-shaped, tags of several
+    tokens; a random Llama). A small cache block makes the cache grow mid-rollout."""
+    monkeypatch.setattr(fast_decode.KVCache, "BLOCK", 16)
+    lm, tok = ((request.getfixturevalue("trained"), request.getfixturevalue("tok"))
+               if which == "embedded" else request.getfixturevalue(
+                   "standin" if which == "pretrained-style" else "llama"))
+    # Only the eos ids of the stand-in's generation config: transformers 4.56's generate lets
+    # its sampling defaults (top_p 0.8, repetition penalty) override pinned values equal to
+    # generate's own defaults, and then it does not sample what it was asked to.
+    monkeypatch.setattr(lm, "generation_config", GenerationConfig(
+        eos_token_id=lm.generation_config.eos_token_id, pad_token_id=tok.pad_token_id))
+    a, b = rollout_both_ways(lm, tok, world, greedy)
+    assert a.input_ids.shape == b.input_ids.shape and a.gen_mask.sum() > 200
+    for field in ("input_ids", "attention_mask", "gen_mask", "info_mask", "action_kind", "turns"):
+        assert torch.equal(getattr(a, field), getattr(b, field)), field
+    assert a.turn_texts == b.turn_texts and a.spans == b.spans
+    if which == "embedded":
+        kinds = [span.kind for s in b.spans for span in s]
+        assert "search" in kinds and "answer" in kinds          # turns ended at stop strings
+    elif which == "pretrained-style":   # its own sampling defaults back: the loop never reads them
+        monkeypatch.undo()
+        assert torch.equal(rollout_both_ways(lm, tok, world, greedy, ["static"])[0].input_ids,
+                           b.input_ids)
+    _check_masks(b, tok, world)
+
+
+def test_static_decode_logprobs_are_the_training_forwards(tok, trained, world):
+    """The log-probs the static loop sampled from are those train.rl_step scores the transcript
+    with (token_logprobs over the right-padded batch), within 1e-4."""
+    seen = []
+    sample = fast_decode.sample
+
+    def recording(logits, temperature, greedy):
+        token = sample(logits, temperature, greedy)
+        logp = torch.log_softmax(logits / temperature, -1).gather(-1, token[:, None])[:, 0]
+        seen.extend(zip(token.tolist(), logp.tolist()))
+        return token
+
+    torch.manual_seed(3)
+    envs = search_env.episodes(world, world.split("train")[:4], 2, max_turns=2)
+    with pytest.MonkeyPatch.context() as m:
+        m.setattr(fast_decode, "sample", recording)
+        r = rollout.rollout(trained, tok, envs, max_new_tokens=24, temperature=0.7,
+                            decode="static")
+    keep = r.gen_mask.bool()
+    lp = model.token_logprobs(trained, r.input_ids, r.attention_mask, r.gen_mask,
+                              temperature=0.7)[keep]
+    # every kept token was drawn with the log-prob training gives it (same id, within 1e-4)
+    drawn = {}
+    for token, logp in seen:
+        drawn.setdefault(token, []).append(logp)
+    assert lp.numel() > 100
+    assert all(min(abs(d - x) for d in drawn[t]) < 1e-4
+               for t, x in zip(r.input_ids[keep].tolist(), lp.tolist()))
+
+
+@pytest.mark.parametrize("which", ["embedded", "pretrained-style"])
+def test_stop_tokens_cut_turns_as_cut_turn(which, request):
+    """The static loop's stop (on token ids, decoding only a short tail after a token holding
+    ">") cuts every turn where cut_turn cuts it: 400 random turns spliced from pieces that split
+    the tags at every place, multi-byte characters, and random ids, eos among them."""
+    lm, tok = policy(which, request)
+    eos = {tok.eos_token_id}
+    stops = fast_decode.stop_tokens(tok, frozenset(eos), lm.get_output_embeddings().weight.shape[0])
+    pieces = ["</search>", "</answer>", "</", "search>", "</sear", "ch>", "answer>", ">", "<",
+              "<search> kalo mira", "<answer> velmar", " naïve café ", "</think>", "ch", "x>",
+              "</search", "/answer", " the ", "é>"]
+    rng = torch.Generator().manual_seed(0)
+    ids = [i for i in range(len(tok)) if i != tok.pad_token_id]   # cut_turn drops trailing pads
+    checked = stopped = 0
+    for _ in range(400):
+        turn = []
+        for _ in range(int(torch.randint(1, 12, (1,), generator=rng))):
+            k = int(torch.randint(len(pieces) + 3, (1,), generator=rng))
+            turn += (tok.encode(pieces[k], add_special_tokens=False) if k < len(pieces)
+                     else [ids[int(torch.randint(len(ids), (1,), generator=rng))]])
+        if torch.rand(1, generator=rng) < 0.1:
+            turn.insert(int(torch.randint(len(turn) + 1, (1,), generator=rng)), tok.eos_token_id)
+        # the loop's walk: a row ends at eos (dropped) or at the token completing a stop string
+        end = len(turn)
+        for t, token in enumerate(turn):
+            if stops.eos[token]:
+                end = t
+                break
+            if stops.may_stop[token] and stops.stops(tok, turn[:t + 1]):
+                end = t + 1
+                break
+        text = tok.decode(turn[:end])
+        assert (turn[:end], text[:search_env.stop_end(text)]) == rollout.cut_turn(
+            tok, turn, eos, tok.pad_token_id), turn
+        checked += 1
+        stopped += search_env.stop_end(text) is not None
+    assert checked == 400 and 100 < stopped < 400
+
+
+def test_static_decode_refuses_a_model_it_cannot_run(tok, world):
+    with pytest.raises(ValueError, match="use DECODE='generate'"):
+        rollout.rollout(ScriptedLM(tok), tok,
+                        search_env.episodes(world, world.split("train")[:1], 1), decode="static")
