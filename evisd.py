@@ -28,12 +28,13 @@ Reading order: ``credit`` (what train.rl_step calls), then the teacher's context
 (``teachers``, ``teacher_sequence``, ``teacher_logprobs``), then the formulas
 (``evisd_correction``, ``gated_distillation_loss``).
 """
+import dataclasses
 from dataclasses import dataclass
 
 import torch
 
 from model import token_logprobs
-from rollout import KIND_IDS, Transcript
+from rollout import KIND_IDS, pad
 from search_env import INFO, INFO_END, format_information
 
 
@@ -53,12 +54,6 @@ class Settings:
     gate_coef: float = 0.01      # the gated loss's coefficient (EVISD_GATE_COEF)
     temperature: float = 1.0     # the teacher scores at the sampling temperature (TEMPERATURE)
 
-    @property
-    def scored(self):
-        """The span the teacher scores: ``span``, or the whole response for the gated loss (the
-        paper's row is a response-wide loss)."""
-        return "response" if self.form == "gated_loss" else self.span
-
 
 def credit(policy, tokenizer, world, rollouts, adv, student_logp, settings):
     """EviSD's credit for one batch: the teacher's re-scoring, then the correction.
@@ -69,6 +64,8 @@ def credit(policy, tokenizer, world, rollouts, adv, student_logp, settings):
     loss (extra_loss None); the gated loss keeps GRPO's A and returns
     ``extra_loss(policy, logp)``, the term train.rl_step adds to the policy loss.
     """
+    if settings.form == "gated_loss":    # the paper's row is response-wide: every token is scored
+        settings = dataclasses.replace(settings, span="response")
     device = adv.device
     gen_mask = rollouts.gen_mask.to(device)                           # [N, T]
     mask = correction_mask(rollouts, settings).to(device)             # m [N, T]
@@ -91,12 +88,12 @@ def credit(policy, tokenizer, world, rollouts, adv, student_logp, settings):
 
 
 # ----------------------------------------------------------------------------- which tokens
-def scored_range(span, scored):
-    """The token range [lo, hi) of one turn (rollout.Span) that span setting ``scored`` covers:
+def scored_range(span, setting):
+    """The token range [lo, hi) of one turn (rollout.Span) that EVISD_SPAN ``setting`` covers:
     its content, its whole action (tags too), or the whole turn (thinking too)."""
-    if scored == "content":
+    if setting == "content":
         return span.content_start, span.content_end
-    if scored == "action":
+    if setting == "action":
         return span.action, span.end
     return span.start, span.end
 
@@ -107,7 +104,7 @@ def scored_turns(spans, settings):
     scored nor corrected. Under the "response" span every generated turn is scored, invalid
     ones with the searches: a turn that does not answer is still looking for evidence."""
     searches = [s for s in spans if s.kind == "search"
-                or (s.kind == "invalid" and settings.scored == "response")]
+                or (s.kind == "invalid" and settings.span == "response")]
     answers = [s for s in spans if s.kind == "answer"]
     return searches if settings.evidence else [], answers if settings.answer else []
 
@@ -119,23 +116,20 @@ def correction_mask(rollouts, settings):
     for i, spans in enumerate(rollouts.spans):
         for turns in scored_turns(spans, settings):
             for span in turns:
-                lo, hi = scored_range(span, settings.scored)
+                lo, hi = scored_range(span, settings.span)
                 mask[i, lo:hi] = True
     return mask & rollouts.gen_mask.bool()
 
 
 # ----------------------------------------------------------------------------- teacher context
-def answer_block(answers):
-    """The golden answer in a short block of the same style as retrieved information."""
-    return f"{INFO} the answer is {answers[0]}. {INFO_END}"
-
-
 def privileged_ids(tokenizer, question, world):
-    """Token ids of the two privileged blocks of a question: (gold evidence, golden answer).
-    A question without evidence (real data's EVIDENCE rules) gets no evidence block."""
+    """Token ids of the two privileged blocks of a question: (gold evidence, golden answer), each
+    formatted like retrieved information. A question without evidence (real data's EVIDENCE
+    rules) gets no evidence block."""
     docs = world.evidence_docs(question)
+    answer = f"{INFO} the answer is {question.answers[0]}. {INFO_END}"
     return (tokenizer.encode(format_information(docs), add_special_tokens=False) if docs else [],
-            tokenizer.encode(answer_block(question.answers), add_special_tokens=False))
+            tokenizer.encode(answer, add_special_tokens=False))
 
 
 def teachers(spans, evidence_ids, answer_ids, settings):
@@ -162,44 +156,29 @@ def block_position(span, settings):
     precedes the whole action's turn); otherwise the opening tag, or, for the answer with
     ANSWER_AT="content", right after it (the block then informs the answer's content and not
     the decision to answer, which a golden answer would approve however early)."""
-    if settings.scored == "response":
+    if settings.span == "response":
         return span.start
     if span.kind == "answer" and settings.answer_at == "content":
         return span.content_start
     return span.action
 
 
-def insert_blocks(tr, inserts):
-    """``tr`` with blocks inserted: ``inserts`` maps a position to the ids placed right before
-    the token there. Returns (Transcript, student_pos), student_pos[j] the position in ``tr`` of
-    token j, -1 for an inserted one. Inserted tokens are marked as information; each span moves
-    with its tokens (a block at a span's first token lands before it, one inside it inside)."""
-    out = Transcript(tr.ids[:tr.prompt_len])
-    student_pos = list(range(tr.prompt_len))
-    prev = tr.prompt_len
-    for cut in sorted(inserts) + [len(tr.ids)]:
-        out.ids += tr.ids[prev:cut]
-        out.gen += tr.gen[prev:cut]
-        out.info += tr.info[prev:cut]
-        out.kind += tr.kind[prev:cut]
+def insert_blocks(ids, inserts):
+    """``ids`` with blocks inserted: ``inserts`` maps a position to the ids placed right before
+    the token there. Returns (ids, student_pos), student_pos[j] the position in ``ids`` of token
+    j, -1 for an inserted one."""
+    out, student_pos, prev = [], [], 0
+    for cut in sorted(inserts) + [len(ids)]:
+        out += ids[prev:cut]
         student_pos += range(prev, cut)
         if cut in inserts:
-            out.add_observation(inserts[cut])
+            out += inserts[cut]
             student_pos += [-1] * len(inserts[cut])
         prev = cut
-
-    def moved(p, first=True):
-        """Where position p lands: after the blocks inserted before it, and at it if p is a
-        range's first token (not an exclusive end)."""
-        return p + sum(len(block) for at, block in inserts.items() if at < p + first)
-    out.spans = [s._replace(start=moved(s.start), action=moved(s.action),
-                            content_start=moved(s.content_start),
-                            content_end=max(moved(s.content_start), moved(s.content_end, False)),
-                            end=moved(s.end, False)) for s in tr.spans]
     return out, student_pos
 
 
-def teacher_sequence(tr, block, turns, settings):
+def teacher_sequence(ids, block, turns, settings):
     """One teacher's input for one episode: (ids, score, student_pos), lists of one length. The
     block goes before each turn in ``turns`` (EVIDENCE_AT="every") or before the first only;
     ``score`` is 1 on the scored tokens of ``turns``. The sequence is cut after its last scored
@@ -211,32 +190,20 @@ def teacher_sequence(tr, block, turns, settings):
     (search-content AUC 0.998 with a block before each search, 0.951 with one before the first:
     lab/results/results-v2.md). "first" gives every search exactly one copy, further back.
     """
-    scored = [r for s in turns for r in range(*scored_range(s, settings.scored))]
+    scored = [r for s in turns for r in range(*scored_range(s, settings.span))]
     if not scored:
         return None
     positions = [block_position(s, settings) for s in turns]
-    teacher, student_pos = insert_blocks(
-        tr, {at: block for at in (positions if settings.evidence_at == "every" else positions[:1])})
+    positions = positions if settings.evidence_at == "every" else positions[:1]
+    teacher, student_pos = insert_blocks(ids, {at: block for at in positions})
     wanted = set(scored)
     score = [int(p in wanted) for p in student_pos]
     last = max(j for j, s in enumerate(score) if s) + 1
-    return teacher.ids[:last], score[:last], student_pos[:last]
-
-
-def episode_transcript(rollouts, i):
-    """Episode i of a Rollouts batch as a Transcript (unpadded lists)."""
-    n = int(rollouts.attention_mask[i].sum())
-    tr = Transcript(rollouts.input_ids[i, :int(rollouts.prompt_len[i])].tolist())
-    tr.ids = rollouts.input_ids[i, :n].tolist()
-    tr.gen = rollouts.gen_mask[i, :n].tolist()
-    tr.info = rollouts.info_mask[i, :n].tolist()
-    tr.kind = rollouts.action_kind[i, :n].tolist()
-    tr.spans = rollouts.spans[i]
-    return tr
+    return teacher[:last], score[:last], student_pos[:last]
 
 
 def teacher_batch(tokenizer, world, rollouts, rows, settings):
-    """The teachers' inputs for the episodes ``rows``, right-padded: a dict of [S, T'] tensors
+    """The teachers' inputs for the episodes ``rows``, right-padded (rollout.pad): [S, T'] tensors
     input_ids, attention_mask, score_mask (1 on the tokens it scores) and student_pos (each
     token's student position, -1 where inserted or padding), and owner [S] (each sequence's
     episode). Up to two sequences per episode (aligned), one if shared."""
@@ -245,18 +212,12 @@ def teacher_batch(tokenizer, world, rollouts, rows, settings):
         q = rollouts.questions[i]
         if q.qid not in blocks:
             blocks[q.qid] = privileged_ids(tokenizer, q, world)
-        student = episode_transcript(rollouts, i)
-        for block, turns in teachers(student.spans, *blocks[q.qid], settings):
+        student = rollouts.input_ids[i, :int(rollouts.attention_mask[i].sum())].tolist()
+        for block, turns in teachers(rollouts.spans[i], *blocks[q.qid], settings):
             seq = teacher_sequence(student, block, turns, settings)
             if seq is not None:
                 seqs.append(seq)
                 owner.append(i)
-    T = max((len(s[0]) for s in seqs), default=0)
-
-    def pad(values, fill):
-        return torch.tensor([v + [fill] * (T - len(v)) for v in values],
-                            dtype=torch.long).view(len(values), T)
-
     return dict(input_ids=pad([s[0] for s in seqs], tokenizer.pad_token_id),
                 attention_mask=pad([[1] * len(s[0]) for s in seqs], 0),
                 score_mask=pad([s[1] for s in seqs], 0),

@@ -119,13 +119,19 @@ def encode_episode(tokenizer, prompt, turns, observations):
     return tr
 
 
+def pad(rows, fill, left=False):
+    """Lists of ids as one [len(rows), L] long tensor, each filled with ``fill`` on the right (or
+    on the left, so every row ends at column L) to the longest; L is at least 1."""
+    L = max(1, max(map(len, rows), default=0))
+    padded = []
+    for row in rows:
+        filler = [fill] * (L - len(row))
+        padded.append(filler + row if left else row + filler)
+    return torch.tensor(padded, dtype=torch.long).view(len(rows), L)
+
+
 def collate(transcripts, pad_id):
     """Right-pad transcripts into a dict of [N, T] tensors (plus prompt_len [N] and spans)."""
-    T = max(len(t.ids) for t in transcripts)
-
-    def pad(rows, value):
-        return torch.tensor([r + [value] * (T - len(r)) for r in rows], dtype=torch.long)
-
     return dict(
         input_ids=pad([t.ids for t in transcripts], pad_id),
         attention_mask=pad([[1] * len(t.ids) for t in transcripts], 0),
@@ -201,8 +207,9 @@ def rollout(policy, tokenizer, envs, max_new_tokens=64, temperature=1.0, greedy=
                                                add_special_tokens=False))
                    for q in questions]
     turn_texts = [[] for _ in envs]
-    # [B, L]: row r plays episode rows[r]
-    ids, mask = _left_pad([t.ids for t in transcripts], pad_id)
+    # [B, L], left-padded: row r plays episode rows[r]
+    ids = pad([t.ids for t in transcripts], pad_id, left=True)
+    mask = pad([[1] * len(t.ids) for t in transcripts], 0, left=True)
     rows = list(range(len(envs)))
     was_training = policy.training
     policy.eval()
@@ -234,7 +241,8 @@ def rollout(policy, tokenizer, envs, max_new_tokens=64, temperature=1.0, greedy=
         going = [r for r, i in enumerate(rows) if not envs[i].done]
         if not going:
             break
-        obs_ids, obs_mask = _left_pad([observations[r] for r in going], pad_id)
+        obs_ids = pad([observations[r] for r in going], pad_id, left=True)
+        obs_mask = pad([[1] * len(observations[r]) for r in going], 0, left=True)
         ids = torch.cat([out[going], obs_ids], dim=1)
         mask = torch.cat([mask[going], kept[going], obs_mask], dim=1)
         if len(going) < len(rows):
@@ -245,18 +253,6 @@ def rollout(policy, tokenizer, envs, max_new_tokens=64, temperature=1.0, greedy=
     return Rollouts(**batch, rewards=torch.tensor([e.reward for e in envs]),
                     answers=[e.answer for e in envs], turns=torch.tensor([e.turns for e in envs]),
                     questions=questions, turn_texts=turn_texts)
-
-
-def _left_pad(rows, pad_id):
-    """Left-pad lists of ids to one [B, L] tensor and its mask, so every row ends at column L."""
-    L = max(1, max(map(len, rows)))
-    ids = torch.full((len(rows), L), pad_id, dtype=torch.long)
-    mask = torch.zeros((len(rows), L), dtype=torch.long)
-    for r, row in enumerate(rows):
-        if row:
-            ids[r, L - len(row):] = torch.tensor(row)
-            mask[r, L - len(row):] = 1
-    return ids, mask
 
 
 def cut_turn(tokenizer, tokens, eos_ids, pad_id):

@@ -190,10 +190,11 @@ def step_world(cfg, step):
 
 
 # ----------------------------------------------------------------------------- one RL step
-def rl_step(cfg, step, policy, reference, tokenizer, optimizer):
-    """One step of GRPO or EviSD on QUESTIONS_PER_STEP x GROUP_SIZE = N episodes (this rank's
-    share under torchrun). ``reference`` is the frozen warm-up model of the KL term, or None.
-    Returns (metrics, record): ``record`` holds what the loop measures beside the step."""
+def rl_step(cfg, step, world, policy, reference, tokenizer, optimizer):
+    """One step of GRPO or EviSD on QUESTIONS_PER_STEP x GROUP_SIZE = N episodes of ``world``
+    (step_world; this rank's share under torchrun). ``reference`` is the frozen warm-up model of
+    the KL term, or None. Returns (metrics, record): ``record`` holds what the loop measures
+    beside the step."""
     t0 = time.perf_counter()
     device, dtype = next(policy.parameters()).device, getattr(torch, cfg["DTYPE"])
     rank, world_size = runs.rank_and_size()
@@ -201,7 +202,6 @@ def rl_step(cfg, step, policy, reference, tokenizer, optimizer):
     # 1. Rollout: GROUP_SIZE episodes of each question, one batch per turn (rollout.py), each
     #    episode talking to its own search env (search_env.py).
     runs.seed_everything("rl", cfg["SEED"], step, rank)   # a resumed run draws the same batch
-    world = step_world(cfg, step)
     questions = random.Random(f"rl-batch/{cfg['SEED']}/{step}").sample(
         world.split("train"), cfg["QUESTIONS_PER_STEP"])[rank::world_size]
     envs = search_env.episodes(world, questions, cfg["GROUP_SIZE"], cfg["MAX_TURNS"], cfg["TOP_K"])
@@ -369,7 +369,8 @@ def main(argv):
         if start == 0 and cfg["EVAL_EVERY"] and rank == 0:
             bar.write(quick_check(0))
         for step in bar:
-            metrics, record = rl_step(cfg, step, policy, reference, tokenizer, optimizer)
+            world = step_world(cfg, step)
+            metrics, record = rl_step(cfg, step, world, policy, reference, tokenizer, optimizer)
             metrics.update(measure_beside(cfg, record))
             if world_size > 1:
                 runs.average_over_ranks(metrics, REDUCED, device)

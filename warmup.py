@@ -72,14 +72,30 @@ def privileged_demonstration(tr, evidence_ids, answer_ids, evidence_at, answer_a
     """A clean demonstration with both blocks in one sequence: the evidence before each search
     (or the first), the golden answer before the opening <answer> tag or after it. The model
     reads every placement a teacher may use, so it has read blocks before a teacher asks it
-    to. Returns (Transcript, student_pos) as evisd.insert_blocks does."""
+    to. Returns (Transcript, student_pos) as evisd.insert_blocks gives them: the blocks are
+    information the model reads, not writes; the spans move with their tokens."""
     searches = [s.action for s in tr.spans if s.kind == "search"]
     inserts = {at: evidence_ids for at in (searches if evidence_at == "every" else searches[:1])}
     answer = next((s for s in tr.spans if s.kind == "answer"), None)
     if answer is not None:
         at = answer.content_start if answer_at == "content" else answer.action
         inserts[at] = inserts.get(at, []) + answer_ids
-    return evisd.insert_blocks(tr, inserts)
+    ids, student_pos = evisd.insert_blocks(tr.ids, inserts)
+    out = rollout.Transcript(tr.ids[:tr.prompt_len])
+    out.ids = ids
+    out.gen = [tr.gen[p] if p >= 0 else 0 for p in student_pos]
+    out.info = [tr.info[p] if p >= 0 else 1 for p in student_pos]    # read, never written
+    out.kind = [tr.kind[p] if p >= 0 else 0 for p in student_pos]
+
+    def moved(p, first=True):
+        """Where position p lands: after the blocks inserted before it, and at it if p is a
+        range's first token (not an exclusive end)."""
+        return p + sum(len(block) for at, block in inserts.items() if at < p + first)
+    out.spans = [s._replace(start=moved(s.start), action=moved(s.action),
+                            content_start=moved(s.content_start),
+                            content_end=max(moved(s.content_start), moved(s.content_end, False)),
+                            end=moved(s.end, False)) for s in tr.spans]
+    return out, student_pos
 
 
 def expert_rollouts(cfg, tokenizer, world, questions, seed=0):

@@ -105,10 +105,9 @@ def decode_steps(do_rollout):
 
 @contextlib.contextmanager
 def fixed_batch(world, batch):
-    """A context in which train.rl_step trains on ``batch`` from ``world`` instead of drawing a
-    world and rolling out: what is timed or measured is the update alone."""
-    with mock.patch.object(train, "step_world", lambda cfg, step: world), \
-            mock.patch.object(train.rollout, "rollout", lambda *args, **kwargs: batch):
+    """A context in which train.rl_step trains on ``batch`` (of ``world``'s questions) instead
+    of rolling out: what is timed or measured is the update alone."""
+    with mock.patch.object(train.rollout, "rollout", lambda *args, **kwargs: batch):
         yield
 
 
@@ -120,7 +119,7 @@ def update_seconds(cfg, policy, tok, batch, world, repeats):
     optimizer = torch.optim.AdamW(policy.parameters(), lr=cfg["LR"])
     with fixed_batch(world, batch):
         seconds, (metrics, record) = timed(
-            lambda: train.rl_step(cfg, 0, policy, reference, tok, optimizer), repeats)
+            lambda: train.rl_step(cfg, 0, world, policy, reference, tok, optimizer), repeats)
     return seconds, dict(metrics, **train.measure_beside(cfg, record))
 
 

@@ -118,7 +118,7 @@ def probe_memory(shape, checkpointing, dry, path):
     with bench.fixed_batch(world, batch):
         for _ in range(2):
             t0 = time.perf_counter()
-            metrics, record = train.rl_step(cfg, 0, lm, ref, tok, opt)
+            metrics, record = train.rl_step(cfg, 0, world, lm, ref, tok, opt)
             if cuda:
                 torch.cuda.synchronize()
             seconds.append(round(time.perf_counter() - t0, 2))

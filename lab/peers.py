@@ -18,6 +18,7 @@ import torch
 import evisd
 import model
 import rollout
+import search_env
 import train
 
 # RLSD: w = clip(exp(sign(A) gap), 1 - eps, 1 + eps); mixed as (1 - mix) + mix * w
@@ -230,8 +231,8 @@ def answer_gains(policy, tokenizer, rollouts, temperature):
         n = int(rollouts.attention_mask[i].sum())
         # the answer action's tokens; only the answer's own (between the tags) are scored
         opening, answer, closing = (tokenizer.encode(text, add_special_tokens=False) for text in
-                                    (evisd.ANSWER, f" {rollouts.questions[i].answers[0]} ",
-                                     evisd.ANSWER_END))
+                                    (search_env.ANSWER, f" {rollouts.questions[i].answers[0]} ",
+                                     search_env.ANSWER_END))
         ends = [s for s, _ in runs[1:]] + [n]     # prefix after turn k ends where turn k+1 starts
         for k, (s, e) in enumerate(runs):
             turn_of_token[i, s:e] = k

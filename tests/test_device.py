@@ -103,9 +103,8 @@ def test_one_update_on_the_device_moves_the_weights(sampled, world, tok, row, mo
     ref = copy.deepcopy(lm).to(dtype).eval().requires_grad_(False)
     before = [p.detach().clone() for p in lm.parameters()]
     opt = torch.optim.AdamW(lm.parameters(), lr=cfg["LR"])
-    monkeypatch.setattr(train, "step_world", lambda cfg, step: world)
     monkeypatch.setattr(train.rollout, "rollout", lambda *args, **kwargs: r)
-    metrics, record = train.rl_step(cfg, 0, lm, ref, tok, opt)
+    metrics, record = train.rl_step(cfg, 0, world, lm, ref, tok, opt)
     assert "nonfinite_loss" not in metrics and metrics["kl"] >= 0
     assert max((p.detach() - b).abs().max().item() for p, b in zip(lm.parameters(), before)) > 1e-5
     beside = train.measure_beside(cfg, record)

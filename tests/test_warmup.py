@@ -6,6 +6,7 @@ import os
 import torch
 
 import model
+import rollout
 import toy_world
 import train
 import warmup
@@ -124,3 +125,30 @@ def test_context_mask_covers_what_the_model_reads_and_nothing_else():
     texts = [tok.decode(mixed["input_ids"][i][left_out[i].bool()]) for i in range(len(left_out))]
     assert any("the answer is" in t for t in texts)
     assert all(t == "" or t.lstrip().startswith("<information>") for t in texts)
+
+
+def test_a_privileged_demonstration_moves_the_spans_with_their_tokens():
+    """Each span of a privileged demonstration holds the same tokens as before, a block at its
+    first token lands before it, a block inside it (the answer block after <answer>) stays
+    inside it; the blocks are read, not written."""
+    tok = model.build_tokenizer(model.tokenizer_texts(seeds=(0,)))
+    world = toy_world.make_world(seed=5, n_people=20, n_cities=8, n_countries=3, n_films=8,
+                                 n_companies=6)
+    q = [q for q in world.split("train") if q.hops == 2][0]
+    ep = toy_world.expert_episode(q, world)
+    tr = rollout.encode_episode(tok, model.render_prompt(tok, q), ep.turns, ep.observations)
+    answer = next(s for s in tr.spans if s.kind == "answer")
+    out, pos = warmup.privileged_demonstration(tr, [7, 8], [9], "every", "content")
+    assert len(out.ids) == len(tr.ids) + 2 * (len(tr.spans) - 1) + 1
+    for old, new in zip(tr.spans, out.spans):
+        for a, b, c, d in ((old.start, old.end, new.start, new.end),
+                           (old.action, old.content_start, new.action, new.content_start),
+                           (old.content_start, old.content_end, new.content_start,
+                            new.content_end)):
+            assert [out.ids[j] for j in range(c, d) if pos[j] >= 0] == tr.ids[a:b]
+        assert out.ids[new.action - 2 * (new.kind == "search"):new.action] == (
+            [7, 8] if new.kind == "search" else [])
+    new_answer = out.spans[-1]
+    assert new_answer.end - new_answer.action == answer.end - answer.action + 1
+    assert out.ids[new_answer.content_start - 1] == 9            # inside the span, before content
+    assert all(out.info[j] and not out.gen[j] for j, p in enumerate(pos) if p < 0)
