@@ -6,9 +6,10 @@ a loss, that loss as a function of the policy. To compare *forms* of credit, eve
 the same teacher (evisd.py: each action kind re-scored under its own privileged context, as
 EviSD's constants set it) and acts on the same tokens m (evisd.correction_mask: the content of
 generated actions) unless its docstring says otherwise; where a paper's teacher or token set
-differs, the docstring says how, and the difference is ours. Each formula is a pure function of tensors; its docstring
-gives its source, its defaults and how sure we are of them, from ../shared/CREDIT-RULES.md:
-code = read in the authors' code; summary = read in a detailed public summary of the paper.
+differs, the docstring says how, and the difference is ours. Each formula is a pure function of
+tensors; its docstring gives its source, its defaults and how sure we are of them, from
+../shared/CREDIT-RULES.md: code = read in the authors' code; summary = read in a detailed public
+summary of the paper.
 
 Notation: A [N] the GRPO group advantage; gap = stopgrad(logp_teacher - logp_student) [N, T];
 gen_mask [N, T] the generated tokens; mask [N, T] the tokens m a rule acts on.
