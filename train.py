@@ -369,7 +369,7 @@ def main(argv):
         if start == 0 and cfg["EVAL_EVERY"] and rank == 0:
             bar.write(quick_check(0))
         for step in bar:
-            world = step_world(cfg, step)
+            world = step_world(cfg, step)      # the step's data: a fresh toy world, or real data
             metrics, record = rl_step(cfg, step, world, policy, reference, tokenizer, optimizer)
             metrics.update(measure_beside(cfg, record))
             if world_size > 1:
