@@ -48,7 +48,7 @@ class Settings:
     evidence_at: str = "every"   # "every": a block before each turn scored | "first": once
     answer_at: str = "content"   # "content": right after the opening <answer> | "tag": before it
     span: str = "content"        # m: "content" | "action" (and tags) | "response" (every token)
-    form: str = "bounded"        # "bounded": modulate A | "gated_loss": A, plus a distillation loss
+    form: str = "bounded"        # "bounded": modulate A | "gated_loss": A, plus a response loss
     lam: float = 0.2             # the bounded correction's bound, as a fraction of |A|
     tau: float = 5.0             # the gap's scale inside tanh (and inside the gated loss's gate)
     gate_coef: float = 0.01      # the gated loss's coefficient (EVISD_GATE_COEF)
