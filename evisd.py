@@ -190,14 +190,13 @@ def teacher_sequence(ids, block, turns, settings):
     (search-content AUC 0.998 with a block before each search, 0.951 with one before the first:
     lab/results/results-v2.md). "first" gives every search exactly one copy, further back.
     """
-    scored = [r for s in turns for r in range(*scored_range(s, settings.span))]
+    scored = {p for s in turns for p in range(*scored_range(s, settings.span))}
     if not scored:
         return None
     positions = [block_position(s, settings) for s in turns]
     positions = positions if settings.evidence_at == "every" else positions[:1]
     teacher, student_pos = insert_blocks(ids, {at: block for at in positions})
-    wanted = set(scored)
-    score = [int(p in wanted) for p in student_pos]
+    score = [int(p in scored) for p in student_pos]
     last = max(j for j, s in enumerate(score) if s) + 1
     return teacher[:last], score[:last], student_pos[:last]
 

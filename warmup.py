@@ -74,11 +74,12 @@ def privileged_demonstration(tr, evidence_ids, answer_ids, evidence_at, answer_a
     reads every placement a teacher may use, so it has read blocks before a teacher asks it
     to. Returns (Transcript, student_pos) as evisd.insert_blocks gives them: the blocks are
     information the model reads, not writes; the spans move with their tokens."""
-    searches = [s.action for s in tr.spans if s.kind == "search"]
+    # where a teacher with these placements puts each block (evisd.block_position)
+    placement = evisd.Settings(answer_at=answer_at)
+    searches = [evisd.block_position(s, placement) for s in tr.spans if s.kind == "search"]
     inserts = {at: evidence_ids for at in (searches if evidence_at == "every" else searches[:1])}
-    answer = next((s for s in tr.spans if s.kind == "answer"), None)
-    if answer is not None:
-        at = answer.content_start if answer_at == "content" else answer.action
+    for answer in (s for s in tr.spans if s.kind == "answer"):
+        at = evisd.block_position(answer, placement)
         inserts[at] = inserts.get(at, []) + answer_ids
     ids, student_pos = evisd.insert_blocks(tr.ids, inserts)
     out = rollout.Transcript(tr.ids[:tr.prompt_len])

@@ -68,8 +68,8 @@ def action_records(rollouts, labels, adv, gap, weight, rows):
     adv [N]; gap, weight [N, T] (g and w per token). The decision tag is the action's tokens up
     to the one that completes the opening tag, as the rollout recorded it (rollout.Span: one
     token for the embedded tokenizer, several for a pretrained one); the content is the rest of
-    the action, closing tag included. A tag is good when its decision was right, content when its label is
-    in ``GOOD_LABELS``; a part whose label is None (real data) gets no record.
+    the action, closing tag included. A tag is good when its decision was right, content when
+    its label is in ``GOOD_LABELS``; a part whose label is None (real data) gets no record.
     """
     records = []
     for i in rows:

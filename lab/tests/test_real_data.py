@@ -537,9 +537,9 @@ def scripted(q, sample):
 
 
 def scripted_rollout(lm, tok, envs, *args, **kwargs):
-    """rollout.rollout's stand-in: each episode plays ``scripted`` through its real env and retriever
-    (search_env.episodes: each question's group in a row, so a sample's number is its place
-    there)."""
+    """rollout.rollout's stand-in: each episode plays ``scripted`` through its real env and
+    retriever (search_env.episodes: each question's group in a row, so a sample's number is its
+    place there)."""
     episodes = [env.question for env in envs]
     samples = [0]
     for prev, q in zip(episodes, episodes[1:]):
