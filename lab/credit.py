@@ -168,6 +168,9 @@ VARIANT_OVERRIDES = [
     {"EVISD_LAMBDA": 0.1}, {"EVISD_LAMBDA": 0.5}, {"EVISD_TAU": 1.0},
     {"USE_ANSWER_PRIVILEGE": False}, {"USE_SEARCH_EVIDENCE": False},
     {"EVISD_SPAN": "action"},
+    # the paper's ablation rows not above, and its λ dose (benchmark v5)
+    {"EVISD_SPAN": "response"}, {"EVISD_FORM": "gated_loss"}, {"TEACHER_CONTEXT": "shared"},
+    {"EVISD_LAMBDA": 0.9},
 ]
 VARIANTS = {(", ".join(f"{k}={v}" for k, v in o.items()) or "as configured"): o
             for o in VARIANT_OVERRIDES}
