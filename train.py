@@ -78,7 +78,10 @@ TEMPERATURE = 0.5            # rollouts; the tiny model's sampled reward is 0.12
 # EviSD (evisd.py): Â = A + lambda * |A| * m * tanh(tau * gap), the paper's defaults. Each row of
 # the paper's ablation table (7B, macro EM 50.8; one run each) is one constant below.
 EVISD_LAMBDA = 0.2           # the correction's bound as a fraction of |A| (< 1: no sign flip)
-EVISD_TAU = 5.0              # the gap's scale inside tanh
+EVISD_TAU = 5.0              # the gap's scale inside tanh. The gap is taken at TEMPERATURE:
+                             # at 0.5 its mean size is twice its T = 1 value (seed 0's warm-up:
+                             # 1.9x on searches, 2.0x on answers), so tau = 5 here acts as
+                             # tau = 10 would at the paper's T = 1 (lab/results/gap-temperature.md)
 EVISD_SPAN = "content"       # m: "content": the query/answer (the paper's) | "action": and the
                              # tags | "response": every generated token (paper's row: -7.1)
 EVISD_FORM = "bounded"       # "bounded": modulate A (the paper's) | "gated_loss": plain A plus a

@@ -5,11 +5,10 @@ train.py's METHOD picks one ("rlsd", "opsd", "sdar", "sd_search", "bicaa"); its 
 a loss, that loss as a function of the policy. To compare *forms* of credit, every rule reads
 the same teacher (evisd.py: each action kind re-scored under its own privileged context, as
 EviSD's constants set it) and acts on the same tokens m (evisd.correction_mask: the content of
-generated actions) unless its docstring says otherwise; where a paper's teacher or token set
-differs, the docstring says how, and the difference is ours. Each formula is a pure function of
+generated actions) unless its docstring says otherwise. Each formula is a pure function of
 tensors; its docstring gives its source, its defaults and how sure we are of them, from
-../shared/CREDIT-RULES.md: code = read in the authors' code; summary = read in a detailed public
-summary of the paper.
+../shared/CREDIT-RULES.md (code = read in the authors' code; summary = read in a detailed public
+summary of the paper), and ends with an "ours:" line: every way it departs from its paper.
 
 Notation: A [N] the GRPO group advantage; gap = stopgrad(logp_teacher - logp_student) [N, T];
 gen_mask [N, T] the generated tokens; mask [N, T] the tokens m a rule acts on.
@@ -48,7 +47,10 @@ def rlsd_advantages(adv, gap, gen_mask, mask, eps=RLSD_EPS, mix=RLSD_MIX):
     w = clip(exp(sign(A) * gap), 1 - eps, 1 + eps); the plain A on other generated tokens.
     The README's rule is mix = 1 (what this project shipped as EviSD in benchmarks v1-v3); the
     authors' code mixes with mix = 0.5 decayed to 0. Multiplicative: nothing where A = 0, and
-    the sign of A survives (w > 0)."""
+    the sign of A survives (w > 0).
+    ours: m, the content tokens (theirs: every response token); the teacher is the live policy
+    reading EviSD's blocks (theirs: the ground-truth answer as a hint, frozen and re-synced
+    every 20 steps); mix = 1 throughout (theirs: 0.5 decayed to 0)."""
     A = adv.detach().float()[:, None].expand_as(gap)                  # [N, T]
     w = torch.exp(torch.sign(A) * gap.detach().float()).clamp(1.0 - eps, 1.0 + eps)
     w = torch.where(mask.bool(), (1.0 - mix) + mix * w, torch.ones_like(w))
@@ -60,7 +62,10 @@ def opsd_advantages(adv, gap, gen_mask, mask, coef=OPSD_COEF):
     """OPSD (arXiv 2601.18734; code), its sampled-token variant beside the outcome advantage:
     Â = A + coef * gap on m. OPSD itself has no reward: its advantage is the gap alone, whose
     policy gradient is the sampled-token reverse KL to the teacher; adding it to A is the
-    issue's reading and ours. Unbounded: it acts where A = 0 and can flip A's sign."""
+    issue's reading and ours. Unbounded: it acts where A = 0 and can flip A's sign.
+    ours: the sampled-token gap added to A on m (theirs by default: a full-vocabulary JSD on
+    every generated token, no reward); the teacher is the live policy reading EviSD's blocks
+    (theirs: the initial policy, fixed, with the solution in context)."""
     A = adv.detach().float()[:, None].expand_as(gap)                  # [N, T]
     out = A + coef * mask.float() * gap.detach().float()
     return torch.where(gen_mask.bool(), out, torch.zeros_like(A))     # [N, T]
@@ -74,8 +79,22 @@ def sdar_loss(logp, teacher_logp, gen_mask, mask, lam=SDAR_LAMBDA, beta=SDAR_BET
     as the paper's, but the sum runs over m only: our teacher scores m alone, and elsewhere its
     log-prob is the student's own, which would make the term a plain likelihood push. The
     formula is EviSD's gated-loss row (evisd.gated_distillation_loss), on m instead of the
-    whole response."""
+    whole response.
+    ours: the sum over m (theirs: every generated token); the teacher reads EviSD's blocks, the
+    evidence or the golden answer (theirs: skill text)."""
     return evisd.gated_distillation_loss(logp, teacher_logp, gen_mask, mask, lam, beta)
+
+
+def sd_search_loss(teacher_logits, student_logits, temperature, alpha=SD_SEARCH_ALPHA):
+    """SD-Search (arXiv 2605.18299; summary): the term added to the GRPO loss, alpha times the
+    mean top-k JSD between the teacher's and the student's next-token distributions at the
+    query tokens (logits [M, V] each, at the sampling temperature).
+    ours: the mean runs over every query token of the batch at once (the summary does not say
+    per trajectory or per token); the teacher reads the gold evidence (theirs: a hindsight block
+    of the group's queries, each labelled correct or not); alpha from step 0 (theirs: after
+    step 50)."""
+    jsd = top_k_jsd(teacher_logits / temperature, student_logits / temperature)   # [M]
+    return alpha * jsd.mean()
 
 
 def top_k_jsd(teacher_logits, student_logits, k=SD_SEARCH_TOP_K):
@@ -107,7 +126,10 @@ def bicaa_advantages(adv, turn_rewards, turn_of_token, gen_mask, mask, group_siz
     of turn k, the plain A on other generated tokens. r~ is the turn rewards [N, K] (nan: no
     such turn) z-normalised within each group over all its turns; A is already the outcome's
     group z-score. turn_of_token [N, T]: each token's turn, -1 outside turns. The summary gives
-    alpha = 0.25 and neither gamma nor the horizon: ours are gamma = 1 and every later turn."""
+    alpha = 0.25 and neither gamma nor the horizon: ours are gamma = 1 and every later turn.
+    ours: the process term on m, the content tokens (theirs: every decision token); the outcome
+    is EM (theirs: F1); one z-score pools all turns of a group (theirs: not given); gamma 1,
+    every later turn, criticality clipped to BICAA_CLIP (theirs: not given)."""
     N, K = turn_rewards.shape
     r = turn_rewards.float().view(-1, group_size, K)                  # [questions, G, K]
     valid = ~torch.isnan(r)
@@ -162,8 +184,7 @@ def credit(cfg, step, policy, tokenizer, world, rollouts, adv, student_logp):
                 return logp.new_zeros(())
             student = next_token_logits(policy, rollouts.input_ids.to(device),
                                         rollouts.attention_mask.to(device), queries)
-            jsd = top_k_jsd(teacher_logits / cfg["TEMPERATURE"], student / cfg["TEMPERATURE"])
-            return SD_SEARCH_ALPHA * jsd.mean()
+            return sd_search_loss(teacher_logits, student, cfg["TEMPERATURE"])
     elif method == "bicaa":
         gains, turn_of_token = answer_gains(policy, tokenizer, rollouts, cfg["TEMPERATURE"])
         criticality = turn_criticality(teacher_logp, mask, turn_of_token, gains.shape[1])

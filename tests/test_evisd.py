@@ -1,32 +1,29 @@
 """Tests for evisd.py: the paper's correction (its equation, signs, bounds, masks), the
 teacher's action-aligned contexts, and each row of the paper's ablation table."""
+import copy
+import itertools
 import math
 
 import pytest
 import torch
 
 import evisd
+import grpo
 import model
 import rollout
 import search_env
 import toy_world
 import train
+from test_rollout import tok, trained, world  # noqa: F401 (fixtures)
 
 S, A_ = rollout.KIND_IDS["search"], rollout.KIND_IDS["answer"]
 
 
-def correct(adv, lp_s, lp_t, gen, kind, lam=0.2, tau=5.0, use_search=True, use_answer=True,
-            keep_mask=None):
-    """evisd.evisd_correction on the action spans of the kinds asked for (less ``keep_mask``),
-    as correction_mask selects them, and the gap statistics the training log keeps."""
-    mask = torch.zeros_like(gen, dtype=torch.bool)
-    if use_search:
-        mask |= kind == S
-    if use_answer:
-        mask |= kind == A_
-    mask &= gen.bool()
-    if keep_mask is not None:
-        mask &= ~keep_mask
+def correct(adv, lp_s, lp_t, gen, kind, lam=0.2, tau=5.0):
+    """evisd.evisd_correction with m = the action tokens of ``_batch`` (its searches and answer),
+    and the gap statistics the training log keeps. On a real batch m is correction_mask's: its
+    tests are further down."""
+    mask = (kind > 0) & gen.bool()
     out = evisd.evisd_correction(adv, lp_t - lp_s, gen, mask, lam, tau)
     return out, evisd.gap_stats(adv.detach(), (lp_t - lp_s).detach(), out, gen, kind)
 
@@ -107,37 +104,11 @@ def test_zero_gap_is_plain_grpo_and_zero_advantage_is_zero():
     assert (out == 0).all()
 
 
-def test_kind_switches_and_lambda_zero():
+def test_lambda_zero_is_plain_grpo():
     kind, gen, _, lp_s, lp_t = _batch()
     adv = torch.tensor([1.0, -1.0])
-    plain = adv[:, None].expand(2, 14) * gen
-    out, _ = correct(adv, lp_s, lp_t, gen, kind, use_search=False)
-    assert torch.equal(out[kind == S], plain[kind == S])
-    assert not torch.equal(out[kind == A_], plain[kind == A_])
-    out, _ = correct(adv, lp_s, lp_t, gen, kind, use_answer=False)
-    assert torch.equal(out[kind == A_], plain[kind == A_])
     out, stats = correct(adv, lp_s, lp_t, gen, kind, lam=0.0)
-    assert torch.equal(out, plain) and stats["modulated_frac"] == 0
-
-
-def test_keep_mask_leaves_the_decision_tags_at_plain_a():
-    kind, gen, _, lp_s, lp_t = _batch()
-    adv = torch.tensor([1.0, -1.0])
-    tags = torch.zeros_like(gen, dtype=torch.bool)
-    tags[:, [4, 11]] = True                                        # the opening <search>, <answer>
-    out, _ = correct(adv, lp_s, lp_t, gen, kind, keep_mask=tags)
-    full, _ = correct(adv, lp_s, lp_t, gen, kind)
-    assert torch.equal(out[tags], adv[:, None].expand(2, 14)[tags])
-    # the content is corrected as before
-    assert torch.equal(out[~tags], full[~tags])
-
-
-def test_no_gradient_flows():
-    kind, gen, _, lp_s, lp_t = _batch()
-    lp_s.requires_grad_(True)
-    lp_t.requires_grad_(True)
-    out, _ = correct(torch.tensor([1.0, -1.0], requires_grad=True), lp_s, lp_t, gen, kind)
-    assert not out.requires_grad
+    assert torch.equal(out, adv[:, None] * gen) and stats["modulated_frac"] == 0
 
 
 def test_gap_stats_by_sign():
@@ -462,3 +433,82 @@ def test_each_form_is_plain_grpo_at_coefficient_zero(step_batch, form):
         loss = extra(lm, logp)
         loss.backward()
         assert loss.item() == 0 and (logp.grad == 0).all()
+
+
+# ----------------------------------------------------------------------------- a sampled batch
+@pytest.fixture(scope="module")
+def sampled(tok, trained, world):
+    """A batch the briefly trained tiny model sampled (test_rollout.py): 4 one-hop questions x 4
+    episodes with searches, answers and invalid turns, and its group advantages."""
+    torch.manual_seed(0)
+    questions = [q for q in world.split("train") if q.hops == 1][:4]
+    r = rollout.rollout(trained, tok, search_env.episodes(world, questions, 4, 4, 3),
+                        max_new_tokens=32, temperature=1.0)
+    return r, grpo.group_advantages(r.rewards, 4)
+
+
+def expected_mask(r, span, evidence, answer):
+    """What m must hold, read off the recorded spans: the content, the action (tags too) or the
+    whole turn of each privileged kind; invalid turns count as searching under "response"."""
+    out = set()
+    for i, spans in enumerate(r.spans):
+        for s in spans:
+            if s.kind == "answer" and answer or evidence and (
+                    s.kind == "search" or s.kind == "invalid" and span == "response"):
+                lo, hi = {"content": (s.content_start, s.content_end),
+                          "action": (s.action, s.end), "response": (s.start, s.end)}[span]
+                out |= {(i, t) for t in range(lo, hi)}
+    return out
+
+
+@pytest.mark.parametrize("span", ["content", "action", "response"])
+def test_correction_mask_switches_on_a_sampled_rollout(sampled, span):
+    r, _ = sampled
+    kinds = {s.kind for spans in r.spans for s in spans}
+    assert kinds == {"search", "answer", "invalid"}          # every case occurs in the batch
+    for evidence, answer in itertools.product([True, False], repeat=2):
+        m = evisd.correction_mask(r, evisd.Settings(evidence=evidence, answer=answer, span=span))
+        assert set(map(tuple, m.nonzero().tolist())) == expected_mask(r, span, evidence, answer), \
+            (evidence, answer)
+    # each switch removes something: neither kind's set is empty
+    assert expected_mask(r, span, True, False) and expected_mask(r, span, False, True)
+
+
+def test_tags_and_thinking_keep_plain_a_on_a_sampled_rollout(sampled, tok, trained, world):
+    """The default span: the gap moves the content of actions, while the tags around it and
+    the thinking before it keep the episode's plain A."""
+    r, adv = sampled
+    with torch.no_grad():
+        lp_s = model.token_logprobs(trained, r.input_ids, r.attention_mask, r.gen_mask)
+    token_adv, _, _ = evisd.credit(trained, tok, world, r, adv, lp_s, evisd.Settings())
+    plain = adv[:, None] * r.gen_mask
+    tags = torch.zeros_like(r.gen_mask, dtype=torch.bool)
+    content = torch.zeros_like(tags)
+    for i, spans in enumerate(r.spans):
+        for s in spans:
+            if s.kind != "invalid":
+                tags[i, s.action:s.content_start] = tags[i, s.content_end:s.end] = True
+                content[i, s.content_start:s.content_end] = True
+    thinking = r.gen_mask.bool() & (r.action_kind == 0)
+    assert tags.any() and thinking.any()
+    assert torch.equal(token_adv[tags | thinking], plain[tags | thinking])
+    moved = content & (adv[:, None] != 0)
+    assert (token_adv[moved] != plain[moved]).float().mean() > 0.5
+
+
+def test_no_gradient_reaches_the_policy_through_the_gap(sampled, tok, trained, world):
+    """Â must act as a constant in the policy loss: the policy's gradient is that of the loss
+    with Â frozen, even when the caller hands credit the student's log-probs with their graph
+    (train.rl_step detaches them; this guards evisd's own stop-gradient)."""
+    r, adv = sampled
+    policy = copy.deepcopy(trained)
+    logp = model.token_logprobs(policy, r.input_ids, r.attention_mask, r.gen_mask)   # with graph
+    token_adv, lp_t, _ = evisd.credit(policy, tok, world, r, adv, logp, evisd.Settings())
+    assert lp_t.grad_fn is None                                   # the teacher: no graph
+    assert (token_adv != adv[:, None] * r.gen_mask).any()         # the gap did move Â
+    params = [p for p in policy.parameters() if p.requires_grad]
+    grads = {}
+    for name, advantages in (("as returned", token_adv), ("frozen", token_adv.detach().clone())):
+        loss, _ = grpo.policy_loss(logp, logp.detach(), None, advantages, r.gen_mask)
+        grads[name] = torch.autograd.grad(loss, params, retain_graph=True)
+    assert all(torch.equal(a, b) for a, b in zip(grads["as returned"], grads["frozen"]))

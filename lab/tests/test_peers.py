@@ -5,6 +5,7 @@ import math
 import pytest
 import torch
 
+import evisd
 import grpo
 import model
 import rollout
@@ -119,6 +120,47 @@ def test_bicaa_advantages_by_hand():
     assert (out[~gen.bool()] == 0).all()
 
 
+def test_sd_search_loss_is_the_mean_jsd_over_query_tokens():
+    torch.manual_seed(4)
+    t, s = torch.randn(6, 40), torch.randn(6, 40)
+    loss = peers.sd_search_loss(t, s, temperature=0.5, alpha=0.1)
+    per_token = [peers.top_k_jsd(t[j:j + 1] / 0.5, s[j:j + 1] / 0.5).item() for j in range(6)]
+    assert loss.item() == pytest.approx(0.1 * sum(per_token) / 6, rel=1e-5)
+
+
+def test_turn_criticality_by_hand():
+    """w_k = geometric-mean probability of turn k's m tokens under the teacher, over the
+    episode's mean of it, clipped to BICAA_CLIP; 1 for a turn with no m token."""
+    lp = torch.full((2, 12), -9.0)          # off m: values that must not count
+    turn = torch.full((2, 12), -1)
+    m = torch.zeros(2, 12, dtype=torch.bool)
+    # episode 0: turns 0 (m at 1, 2), 1 (m at 5), 2 (no m token)
+    turn[0, 0:3], turn[0, 4:7], turn[0, 8:10] = 0, 1, 2
+    m[0, [1, 2, 5]] = True
+    lp[0, 1], lp[0, 2], lp[0, 5] = -0.2, -0.4, -1.0
+    # episode 1: turns 0, 1, 2 with one m token each; the middle one far more likely
+    turn[1, 0:2], turn[1, 3:5], turn[1, 6:8] = 0, 1, 2
+    m[1, [1, 4, 7]] = True
+    lp[1, 1], lp[1, 4], lp[1, 7] = -3.0, -0.05, -3.0
+    w = peers.turn_criticality(lp, m, turn, 3)
+
+    def by_hand(values):
+        mean = sum(values) / len(values)
+        return [min(max(v / mean, peers.BICAA_CLIP[0]), peers.BICAA_CLIP[1]) for v in values]
+    g0 = [math.exp((-0.2 - 0.4) / 2), math.exp(-1.0)]
+    g1 = [math.exp(-3.0), math.exp(-0.05), math.exp(-3.0)]
+    assert w[0].tolist() == pytest.approx(by_hand(g0) + [1.0], rel=1e-5)
+    assert w[1].tolist() == pytest.approx(by_hand(g1), rel=1e-5)
+    assert w[1, 1].item() == peers.BICAA_CLIP[1] and w[1, 0].item() == peers.BICAA_CLIP[0]
+    assert peers.BICAA_CLIP[0] < w[0, 0].item() < peers.BICAA_CLIP[1]
+
+
+@pytest.mark.parametrize("rule", [peers.rlsd_advantages, peers.opsd_advantages, peers.sdar_loss,
+                                  peers.sd_search_loss, peers.bicaa_advantages])
+def test_every_rule_says_where_it_departs_from_its_paper(rule):
+    assert "\n    ours: " in rule.__doc__
+
+
 def test_turn_runs():
     assert peers.turn_runs([0, 1, 1, 0, 0, 1, 0, 1]) == [(1, 3), (5, 6), (7, 8)]
     assert peers.turn_runs([0, 0]) == []
@@ -150,23 +192,72 @@ def step_inputs():
 
 @pytest.mark.parametrize("method", train.PEERS)
 def test_credit_for_every_peer(step_inputs, method):
+    """One step's credit is the rule's formula on EviSD's teacher: the teacher's log-probs on
+    the rows the rule needs, its gap (teacher minus student) and m (evisd.correction_mask)."""
     lm, tok, world, r, adv, lp_s = step_inputs
     cfg = dict(train.DEFAULTS, METHOD=method, GROUP_SIZE=4, TEMPERATURE=1.0)
     token_adv, lp_t, extra_loss = peers.credit(cfg, 0, lm, tok, world, r, adv, lp_s)
     assert token_adv.shape == lp_t.shape == r.input_ids.shape
     assert (token_adv[r.gen_mask == 0] == 0).all() and torch.isfinite(token_adv).all()
+    settings = train.evisd_settings(cfg)
+    m, gen = evisd.correction_mask(r, settings), r.gen_mask
+    rows = [0, 1, 2, 3] if method != "rlsd" else adv.nonzero().squeeze(1).tolist()
+    assert torch.allclose(lp_t, evisd.teacher_logprobs(lm, tok, world, r, lp_s, rows, settings))
     assert not torch.equal(lp_t, lp_s)                      # the teacher scored something
-    plain = adv[:, None] * r.gen_mask
-    if method in ("sdar", "sd_search"):                     # A untouched, a loss beside it
-        assert torch.equal(token_adv, plain)
-        logp = model.token_logprobs(lm, r.input_ids, r.attention_mask, r.gen_mask)
+    gap = lp_t - lp_s
+    plain = adv[:, None] * gen
+    logp = model.token_logprobs(lm, r.input_ids, r.attention_mask, gen)
+    if method == "rlsd":
+        expected = peers.rlsd_advantages(adv, gap, gen, m)
+    elif method == "opsd":
+        expected = peers.opsd_advantages(adv, gap, gen, m)
+    elif method == "bicaa":
+        gains, turn = peers.answer_gains(lm, tok, r, temperature=1.0)
+        w = peers.turn_criticality(lp_t, m, turn, gains.shape[1])
+        expected = peers.bicaa_advantages(adv, peers.bicaa_turn_rewards(gains, w), turn, gen, m, 4)
+    else:                                                   # A untouched, a loss beside it
+        expected = plain
         extra = extra_loss(lm, logp)
-        assert torch.isfinite(extra) and extra.requires_grad
-        extra.backward()
-        assert any(p.grad is not None and p.grad.abs().sum() > 0 for p in lm.parameters())
-        lm.zero_grad(set_to_none=True)
-    else:
-        assert extra_loss is None and not torch.equal(token_adv, plain)
+        if method == "sdar":
+            assert extra.item() == pytest.approx(peers.sdar_loss(logp, lp_t, gen, m).item())
+        else:
+            queries = m & (r.action_kind == rollout.KIND_IDS["search"])
+            teacher = peers.query_logits_teacher(lm, tok, world, r, queries, settings)
+            student = peers.next_token_logits(lm, r.input_ids, r.attention_mask, queries)
+            assert extra.item() == pytest.approx(peers.sd_search_loss(teacher, student, 1.0).item())
+        assert extra.requires_grad and extra.item() != 0
+    assert torch.allclose(token_adv, expected)
+    assert (extra_loss is None) == (method not in ("sdar", "sd_search"))
+    assert torch.equal(token_adv, plain) == (method in ("sdar", "sd_search"))
+
+
+def test_sd_search_aligns_teacher_and_student_positions(step_inputs):
+    """Row k of the teacher's and of the student's query logits predicts the same sampled
+    token: the k-th query token in row-major order, read at its own position in the student's
+    sequence and at the position the evidence moved it to in the teacher's."""
+    lm, tok, world, r, adv, lp_s = step_inputs
+    settings = evisd.Settings()
+    queries = evisd.correction_mask(r, settings) & (r.action_kind == rollout.KIND_IDS["search"])
+    known = [(i, t) for i, spans in enumerate(r.spans) for s in spans if s.kind == "search"
+             for t in range(s.content_start, s.content_end)]
+    assert [tuple(p) for p in queries.nonzero().tolist()] == known and known
+    teacher = peers.query_logits_teacher(lm, tok, world, r, queries, settings)
+    student = peers.next_token_logits(lm, r.input_ids, r.attention_mask, queries)
+    assert teacher.shape == student.shape == (len(known), lm.config.vocab_size)
+    batch = evisd.teacher_batch(tok, world, r, sorted({i for i, _ in known}), settings)
+    with torch.no_grad():
+        t_logits = lm(input_ids=batch["input_ids"],
+                      attention_mask=batch["attention_mask"]).logits          # [S, T', V]
+        s_logits = lm(input_ids=r.input_ids, attention_mask=r.attention_mask).logits
+    for k, (i, t) in enumerate(known):
+        # the one teacher position that scores student position t of episode i
+        (u, j), = [(u, j) for u in range(len(batch["owner"])) if batch["owner"][u] == i
+                   for j in range(batch["student_pos"].shape[1])
+                   if batch["student_pos"][u, j] == t and batch["score_mask"][u, j]]
+        assert batch["input_ids"][u, j] == r.input_ids[i, t]
+        assert j > t                                        # the evidence came before it
+        assert torch.allclose(teacher[k], t_logits[u, j - 1].float(), atol=1e-5)
+        assert torch.allclose(student[k], s_logits[i, t - 1].float(), atol=1e-5)
 
 
 def test_answer_gains_match_a_manual_forward(step_inputs):
