@@ -9,7 +9,8 @@ The lab adds, each switched on by its flag (lab/README.md):
     python evaluate.py out/evisd-s0 --credit          # the teacher's report card (lab/credit.py)
     python evaluate.py out/evisd-s0 --show 3          # episodes with the teacher-student gap
 
-Held-out worlds have seeds EVAL_SEED, EVAL_SEED + 1, ...; validation worlds (for choosing
+Each run is evaluated on the DEVICE and DTYPE it trained with (``--device``, ``--dtype`` pick
+others). Held-out worlds have seeds EVAL_SEED, EVAL_SEED + 1, ...; validation worlds (for choosing
 settings) EVAL_SEED - 1, EVAL_SEED - 2, ...; train.py keeps every training world below both.
 Each world gives ~121 `test` questions (1 and 2 hops, over entities no train
 question starts from) and 120 `ood` ones (3 hops); the headline ``macro`` is the mean of the
@@ -104,19 +105,20 @@ def heldout_em(policy, tokenizer, cfg, n=100, dtype=torch.float32):
     return out
 
 
-def heldout_by_hops(policy, tokenizer, cfg, worlds=EVAL_WORLDS, validation=False):
+def heldout_by_hops(policy, tokenizer, cfg, worlds=EVAL_WORLDS, validation=False,
+                    dtype=torch.float32):
     """Greedy EM on every `test` and `ood` question of ``worlds`` held-out (or validation)
     worlds, per number of hops, each with its 95% Wilson interval, and the macro over
-    ``MACRO_HOPS`` (with a normal-approximation interval). Real data: its whole dev split
-    (lab/real_data.py)."""
+    ``MACRO_HOPS`` (with a normal-approximation interval), computed in ``dtype`` on the policy's
+    device. Real data: its whole dev split (lab/real_data.py)."""
     real = real_data(cfg)
     if real:
-        return real.dev_scores(policy, tokenizer, cfg, validation=validation)
+        return real.dev_scores(policy, tokenizer, cfg, dtype=dtype, validation=validation)
     correct, total = {h: 0 for h in HOPS}, {h: 0 for h in HOPS}
     for k in range(worlds):
         world = toy_world.make_world(eval_world_seed(cfg, k, validation), scale=cfg["WORLD_SCALE"])
         qs = [q for split in SPLITS for q in world.split(split)]
-        em = greedy_episodes(policy, tokenizer, cfg, world, qs)[0].tolist()
+        em = greedy_episodes(policy, tokenizer, cfg, world, qs, dtype)[0].tolist()
         for q, r in zip(qs, em):
             correct[q.hops] += r
             total[q.hops] += 1
@@ -163,22 +165,24 @@ def t_interval(values):
 
 
 # ----------------------------------------------------------------------------- runs
-def em_key(cfg, worlds, validation=False):
-    """The key of ``heldout-em.json``: what was scored (worlds and EVAL_SEED, or the dev file)."""
+def em_key(cfg, worlds, validation=False, dtype=torch.float32):
+    """The key of ``heldout-em.json``: what was scored (worlds and EVAL_SEED, or the dev file),
+    and in which dtype when not float32 (bf16 may round a greedy choice the other way)."""
     scored = f"{worlds} worlds from {cfg['EVAL_SEED']}" if cfg["DATA"] == "toy" \
         else f"{cfg['DATA']} {cfg['DATA_DEV']}"
-    return scored + (" down (validation)" if validation else "")
+    return (scored + (" down (validation)" if validation else "")
+            + ("" if dtype == torch.float32 else f" in {str(dtype).removeprefix('torch.')}"))
 
 
-def cached_em(checkpoint, policy, tokenizer, cfg, worlds, validation=False):
+def cached_em(checkpoint, policy, tokenizer, cfg, worlds, validation=False, dtype=torch.float32):
     """``heldout_by_hops``, kept in the checkpoint's ``heldout-em.json`` per (worlds, EVAL_SEED,
-    held-out or validation): a checkpoint never changes, so a long protocol evaluates each model
-    once (delete the file after changing the evaluation code)."""
-    key = em_key(cfg, worlds, validation)
+    held-out or validation, dtype): a checkpoint never changes, so a long protocol evaluates each
+    model once (delete the file after changing the evaluation code)."""
+    key = em_key(cfg, worlds, validation, dtype)
     path = os.path.join(checkpoint, "heldout-em.json")
     cache = json.load(open(path)) if os.path.exists(path) else {}
     if key not in cache:
-        cache[key] = heldout_by_hops(policy, tokenizer, cfg, worlds, validation=validation)
+        cache[key] = heldout_by_hops(policy, tokenizer, cfg, worlds, validation, dtype)
         with open(path + ".tmp", "w") as f:
             json.dump(cache, f, indent=1)
         os.replace(path + ".tmp", path)
@@ -189,16 +193,32 @@ def group_name(run_dir):
     return re.sub(r"-s\d+$", "", os.path.basename(os.path.normpath(run_dir)))
 
 
-def run_summary(run_dir, worlds, warmup_em=None, validation=False):
-    """One row per run. ``warmup_em`` maps warm-up paths to their macro EM: the GRPO and EviSD
-    runs of one seed share a warm-up, so pass one dict for all runs to evaluate it once."""
+def where_to_evaluate(cfg, device=None, dtype=None):
+    """(device, dtype) a run is evaluated on: the DEVICE and DTYPE it trained with (train.py
+    wrote them resolved to its config), unless ``device`` or ``dtype`` name others, so the final
+    EM is computed as the quick checks during training were."""
+    device = torch.device(device or cfg.get("DEVICE", "cpu"))
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise SystemExit(f"this run computed on {device}, and torch sees no CUDA device here: "
+                         "pass --device cpu (and --dtype float32 for the CPU's fastest path)")
+    dtype = dtype or cfg.get("DTYPE", "float32")
+    if dtype not in ("float32", "bfloat16"):
+        raise SystemExit(f"--dtype {dtype}: evaluate.py computes in float32 or bfloat16")
+    return device, getattr(torch, dtype)
+
+
+def run_summary(run_dir, worlds, warmup_em=None, validation=False, device=None, dtype=None):
+    """One row per run, evaluated on ``where_to_evaluate``. ``warmup_em`` maps warm-up paths to
+    their macro EM: the GRPO and EviSD runs of one seed share a warm-up, so pass one dict for all
+    runs to evaluate it once."""
     warmup_em = {} if warmup_em is None else warmup_em
     policy, tokenizer, cfg, sft_path, checkpoint = runs.load_run(run_dir, with_path=True)
-    em = cached_em(checkpoint, policy, tokenizer, cfg, worlds, validation)
+    device, dtype = where_to_evaluate(cfg, device, dtype)
+    em = cached_em(checkpoint, policy.to(device), tokenizer, cfg, worlds, validation, dtype)
     if sft_path and os.path.isdir(sft_path) and sft_path not in warmup_em:
-        warmed = model.load_model(sft_path, local_files_only=True)[0].eval()
+        warmed = model.load_model(sft_path, local_files_only=True)[0].eval().to(device)
         warmup_em[sft_path] = cached_em(sft_path, warmed, tokenizer, cfg, worlds,
-                                        validation).get("macro")
+                                        validation, dtype).get("macro")
     metrics = runs.read_metrics(run_dir)
     steps = [m for m in metrics if not m.get("eval")]
     last = steps[-max(1, len(steps) // 5):] if steps else []   # the last fifth of training
@@ -347,6 +367,10 @@ def main(argv):
     ap.add_argument("--validation", action="store_true",
                     help="validation worlds instead of held-out ones (for choosing settings)")
     ap.add_argument("--json", default=None, help="also write the results as JSON here")
+    ap.add_argument("--device", default=None,
+                    help="evaluate on this device (default: the run's DEVICE), e.g. cpu, cuda")
+    ap.add_argument("--dtype", default=None, choices=("float32", "bfloat16"),
+                    help="compute in this dtype (default: the run's DTYPE)")
     lab_flags = ap.add_argument_group("the lab (lab/README.md)")
     lab_flags.add_argument("--speed", action="store_true",
                      help="learning speed from metrics.jsonl, paired too (lab/curves.py)")
@@ -379,7 +403,7 @@ def main(argv):
     # The lab's switch for learning speed: how fast each habit goes, read off metrics.jsonl.
     curves = runs.lab("curves", "--speed and --plot") if args.speed or args.plot else None
     warmup_em = {}
-    rows = [run_summary(run, args.worlds, warmup_em, args.validation)
+    rows = [run_summary(run, args.worlds, warmup_em, args.validation, args.device, args.dtype)
             for run in tqdm(args.runs, desc="evaluate", dynamic_ncols=True)]
     keys = PAIRED_KEYS
     if curves:

@@ -112,8 +112,13 @@ def cached_forward(policy, cache, ids, positions, slots, upto):
     B, q = ids.shape
     x = decoder.embed_tokens(ids)                                           # [B, q, d]
     cos, sin = (t[:, None] for t in decoder.rotary_emb(x, positions))       # [B, 1, q, hd]
-    visible = (cache.mask[:, None, None, :upto].bool()
-               & (torch.arange(upto, device=ids.device) <= slots[:, None]))  # [B, 1, q, upto]
+    slot_ids = torch.arange(upto, device=ids.device)
+    # Each query sees its row's unmasked slots up to its own, and always its own slot: a padding
+    # query (a left-padded prompt's first slots) then attends to something, where some CUDA
+    # kernels give NaN for a row with nothing to attend to, and a NaN value poisons every query,
+    # even one that gives it weight 0. No real query sees a padding slot, so nothing else moves.
+    visible = ((cache.mask[:, None, None, :upto].bool() & (slot_ids <= slots[:, None]))
+               | (slot_ids == slots[:, None]))                             # [B, 1, q, upto]
     # as an additive bias: SDPA turns a boolean mask into this anyway, and on the CPU a bias that
     # broadcasts over the heads is the fastest way in (half the time of the boolean mask)
     bias = torch.zeros(visible.shape, dtype=x.dtype, device=x.device).masked_fill_(
@@ -122,7 +127,9 @@ def cached_forward(policy, cache, ids, positions, slots, upto):
         attn, h = layer.self_attn, layer.input_layernorm(x)
         qh, kh, vh = (proj(h).view(B, q, -1, attn.head_dim).transpose(1, 2)
                       for proj in (attn.q_proj, attn.k_proj, attn.v_proj))  # [B, heads, q, hd]
-        qh, kh = qh * cos + rotate_half(qh) * sin, kh * cos + rotate_half(kh) * sin
+        # RoPE in cos/sin's precision (float32), then back to the values' dtype, as autocast
+        # would cast them for the attention: the cache holds keys and values alike (bf16 on a GPU)
+        qh, kh = ((t * cos + rotate_half(t) * sin).to(vh.dtype) for t in (qh, kh))
         k, v = cache.write(i, kh, vh, slots)
         groups = qh.shape[1] // k.shape[1]
         # Grouped-query attention without copying the cache per query head: the `groups` query
@@ -130,7 +137,8 @@ def cached_forward(policy, cache, ids, positions, slots, upto):
         out = torch.nn.functional.scaled_dot_product_attention(
             qh.reshape(B, k.shape[1], groups * q, -1), k[:, :, :upto], v[:, :, :upto],
             attn_mask=bias if q == 1 else bias.repeat(1, 1, groups, 1), scale=attn.scaling)
-        x = x + attn.o_proj(out.view(B, -1, q, out.shape[-1]).transpose(1, 2).reshape(B, q, -1))
+        # reshape, not view: fused kernels may return the output non-contiguous
+        x = x + attn.o_proj(out.reshape(B, -1, q, out.shape[-1]).transpose(1, 2).reshape(B, q, -1))
         x = x + layer.mlp(layer.post_attention_layernorm(x))
     return policy.get_output_embeddings()(decoder.norm(x[:, -1])).float()
 

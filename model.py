@@ -145,9 +145,9 @@ def _hub_answers(timeout=3.0):
 
 
 def autocast(device, dtype):
-    """bf16/fp16 mixed precision on CUDA; a no-op on the CPU. Weights stay float32."""
-    enabled = device.type == "cuda" and dtype != torch.float32
-    return torch.autocast(device_type=device.type, dtype=dtype, enabled=enabled)
+    """bf16 mixed precision wherever DTYPE asks for it, on CUDA and on the CPU alike (so the CPU
+    can run the path every GPU run takes); a no-op at float32. Weights stay float32."""
+    return torch.autocast(device_type=device.type, dtype=dtype, enabled=dtype != torch.float32)
 
 
 def save_checkpoint_dir(model, tokenizer, path):

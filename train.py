@@ -112,7 +112,8 @@ CKPT_EVERY = 50
 OUT_DIR = "out/run"
 # system
 DEVICE = "auto"              # "auto" (CUDA if there is one) | "cpu" | "cuda" | "cuda:N"
-DTYPE = "auto"               # "auto" (bf16 on CUDA if supported) | "float32" | "bfloat16"
+DTYPE = "auto"               # "auto" (bf16 on CUDA if supported, else float32) | "float32" |
+                             # "bfloat16" (autocast, on the CPU too: the GPU's path, checked here)
 GRADIENT_CHECKPOINTING = False  # recompute activations in backward: memory for real models
 DECODE = "generate"          # rollouts: "generate" (HF, once per turn) | "static" (fast_decode.py:
                              # own loop, KV cache allocated once) | "compiled" (its step compiled)
@@ -140,7 +141,7 @@ SCHEMA = runs.Schema(
     choices={"METHOD": ("evisd", "grpo") + PEERS, "EVIDENCE_AT": ("first", "every"),
              "ANSWER_AT": ("tag", "content"), "EVISD_SPAN": ("content", "action", "response"),
              "EVISD_FORM": ("bounded", "gated_loss"), "TEACHER_CONTEXT": ("aligned", "shared"),
-             "DTYPE": ("auto", "float32", "bfloat16", "float16"),
+             "DTYPE": ("auto", "float32", "bfloat16", "float16"),    # float16: refused below
              "DECODE": rollout.DECODES,
              "DATA": ("toy", "hotpotqa", "2wiki", "musique", "jsonl"),
              "EVIDENCE": ("auto", "sentences", "paragraphs", "answer_passages",
@@ -161,7 +162,9 @@ SCHEMA = runs.Schema(
             "EVISD_GATE_COEF": at_least(0),
             "EVAL_EVERY": at_least(0), "EVAL_QUESTIONS": at_least(1), "EVAL_SEED": at_least(1),
             "VALIDATION_WORLDS": at_least(1), "CKPT_EVERY": at_least(0),
-            "MAX_BAD_STEPS": at_least(1)},
+            "MAX_BAD_STEPS": at_least(1),
+            "DTYPE": ((lambda v: v != "float16"), "float32 or bfloat16: float16 would need "
+                      "loss scaling, which this project does not do")},
     # "auto": (embedded model, HF model). A pretrained model must never get rates tuned for
     # 0.5M random weights.
     auto={"SFT_LR": (3e-3, 1e-5), "LR": (2e-4, 1e-6), "SFT_PRIVILEGED_FRAC": (0.3, 0.0),
@@ -326,6 +329,13 @@ def build_policy(cfg, device):
     return policy.to(device), tokenizer
 
 
+def frozen_reference(policy):
+    """The KL term's frozen warm-up model. It keeps the policy's float32 weights and computes
+    under the same autocast, so at step 0 the KL is exactly 0 under every DTYPE (a bf16 copy
+    would differ wherever autocast keeps float32: embeddings, norms)."""
+    return copy.deepcopy(policy).eval().requires_grad_(False)
+
+
 def main(argv):
     cfg, resume, overwrite = configure(argv)
     rank, world_size, device, dtype = runs.setup(cfg)
@@ -338,10 +348,8 @@ def main(argv):
     # 1. The model, 2. the supervised warm-up (cached: the GRPO and EviSD runs of a seed share it).
     policy, tokenizer = build_policy(cfg, device)
     sft_path = warmup.run(cfg, policy, tokenizer, rank)
-    # policy holds the warm-up weights now; the frozen copy for the KL computes in DTYPE only.
-    reference = None
-    if cfg["KL_COEF"] > 0:
-        reference = copy.deepcopy(policy).to(dtype).eval().requires_grad_(False)
+    # policy holds the warm-up weights now: the KL's reference is a frozen copy of them.
+    reference = frozen_reference(policy) if cfg["KL_COEF"] > 0 else None
 
     # 3. RL, resumable.
     optimizer = torch.optim.AdamW(policy.parameters(), lr=cfg["LR"], weight_decay=0.0)

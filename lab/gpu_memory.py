@@ -107,7 +107,7 @@ def probe_memory(shape, checkpointing, dry, path):
         lm = Qwen2ForCausalLM(config)        # float32 weights, as train.py holds the policy
     if checkpointing:
         model.enable_checkpointing(lm)
-    ref = copy.deepcopy(lm).to(dtype).eval().requires_grad_(False)
+    ref = copy.deepcopy(lm).eval().requires_grad_(False)     # float32, as train.py's
     opt = torch.optim.AdamW(lm.parameters(), lr=cfg["LR"], weight_decay=0.0)
     cuda = device.type == "cuda"
     if cuda:

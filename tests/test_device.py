@@ -1,6 +1,7 @@
 """The model, rollouts and both methods' losses on the device the suite is given
 (``DEVICE=cuda python -m pytest``; the CPU by default), checked against the CPU in float32:
-what lab/gpu_check.py runs on a GPU before it measures anything."""
+what lab/gpu_check.py runs on a GPU before it measures anything. On the CPU the RL steps run in
+float32 and under bf16 autocast, the precision every GPU run computes in."""
 import copy
 
 import pytest
@@ -22,6 +23,8 @@ from test_rollout import _check_masks, tok, trained, world  # noqa: F401 (fixtur
 # 8 mantissa bits (0.4%).
 CFG = train.configure([f"--DEVICE={DEVICE}", "--GROUP_SIZE=4"])[0]
 device, dtype = runs.pick_device(CFG)
+# The DTYPEs an RL step is checked in: on the CPU its own float32 and the GPU's bf16 autocast.
+DTYPES = ("float32", "bfloat16") if device.type == "cpu" else (CFG["DTYPE"],)
 LOGP_ATOL = 1e-5 if dtype == torch.float32 else 0.05
 
 
@@ -94,18 +97,21 @@ ROWS = {"grpo": {"METHOD": "grpo"}, "evisd": {}, "response": {"EVISD_SPAN": "res
 
 
 @pytest.mark.parametrize("row", ROWS)
-def test_one_update_on_the_device_moves_the_weights(sampled, world, tok, row, monkeypatch):
-    """train.rl_step on the device, its world and rollout replaced by the sampled batch."""
+@pytest.mark.parametrize("step_dtype", DTYPES)
+def test_one_update_on_the_device_moves_the_weights(sampled, world, tok, row, step_dtype,
+                                                    monkeypatch):
+    """train.rl_step on the device, its world and rollout replaced by the sampled batch. The
+    reference is train.py's frozen copy of the policy, so the step's KL is exactly 0."""
     lm, r = sampled
     lm = copy.deepcopy(lm)
-    cfg = dict(CFG, **ROWS[row], LR=1e-3)
+    cfg = dict(CFG, **ROWS[row], LR=1e-3, DTYPE=step_dtype)
     method = cfg["METHOD"]
-    ref = copy.deepcopy(lm).to(dtype).eval().requires_grad_(False)
+    ref = train.frozen_reference(lm)
     before = [p.detach().clone() for p in lm.parameters()]
     opt = torch.optim.AdamW(lm.parameters(), lr=cfg["LR"])
     monkeypatch.setattr(train.rollout, "rollout", lambda *args, **kwargs: r)
     metrics, record = train.rl_step(cfg, 0, world, lm, ref, tok, opt)
-    assert "nonfinite_loss" not in metrics and metrics["kl"] >= 0
+    assert "nonfinite_loss" not in metrics and metrics["kl"] == 0.0
     assert max((p.detach() - b).abs().max().item() for p, b in zip(lm.parameters(), before)) > 1e-5
     beside = train.measure_beside(cfg, record)
     assert ("modulated_frac" in beside) == (method == "evisd")

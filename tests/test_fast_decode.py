@@ -64,6 +64,43 @@ def test_static_decode_samples_what_generate_samples(which, greedy, request, wor
     _check_masks(b, tok, world)
 
 
+def cuda_like_attention(calls):
+    """scaled_dot_product_attention as some fused CUDA kernels return it: NaN in a query row
+    that has nothing to attend to, and the output's memory laid out [B, q, heads, hd] (the same
+    values, not contiguous). ``calls`` counts the calls and the fully masked rows seen."""
+    real = torch.nn.functional.scaled_dot_product_attention
+
+    def attention(q, k, v, attn_mask=None, **kwargs):
+        out = real(q, k, v, attn_mask=attn_mask, **kwargs)
+        empty = torch.isneginf(attn_mask).all(-1, keepdim=True)      # [B, 1, q, 1]
+        calls["calls"] += 1
+        calls["empty_rows"] += int(empty.sum())
+        out = out.masked_fill(empty, float("nan"))
+        return out.transpose(1, 2).contiguous().transpose(1, 2)
+    return attention
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_static_decode_holds_up_against_what_cuda_kernels_return(tok, trained, world, dtype,
+                                                                monkeypatch):
+    """Under float32 and under bf16 autocast (a GPU run's precision), the static loop samples
+    what generate samples even when the attention kernel returns its output non-contiguous and
+    NaN for fully masked rows: the left-padded prompt slots must not be such rows."""
+    cpu = torch.device("cpu")
+    with model.autocast(cpu, dtype):
+        expected = rollout_both_ways(trained, tok, world, greedy=False, decodes=["generate"])[0]
+        calls = {"calls": 0, "empty_rows": 0}
+        monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention",
+                            cuda_like_attention(calls))
+        got = rollout_both_ways(trained, tok, world, greedy=False, decodes=["static"])[0]
+    prompts = expected.prompt_len
+    assert prompts.min() < prompts.max() and calls["calls"] > 100   # left padding occurred
+    assert calls["empty_rows"] == 0
+    for field in ("input_ids", "gen_mask", "action_kind"):
+        assert torch.equal(getattr(expected, field), getattr(got, field)), field
+    assert expected.turn_texts == got.turn_texts
+
+
 def test_static_decode_logprobs_are_the_training_forwards(tok, trained, world):
     """The log-probs the static loop sampled from are those train.rl_step scores the transcript
     with (token_logprobs over the right-padded batch), within 1e-4."""
