@@ -1,34 +1,41 @@
-"""The GPU check: measure on one CUDA device what docs/one-gpu.md otherwise
-estimates, in about eight minutes (484 s of parts on one H200) plus up to four for the rollout
-table, every figure written as it comes.
+"""The GPU check: one command for the next GPU at hand, at most eight minutes, ending in a
+one-screen summary that says pass or fail per part with its figures.
 
-    python lab/gpu_check.py out/gpu-check                    # on a CUDA machine, all parts
-    python lab/gpu_check.py out/gpu-check --parts memory,train   # rerun only what broke
-    python lab/gpu_check.py out/gpu-check --dry  # CPU, tiny sizes (lab/tests/test_gpu_check.py)
+    python lab/gpu_check.py out/gpu-check              # on a CUDA machine: the default parts
+    python lab/gpu_check.py out/gpu-check --parts train,decode   # rerun what broke (same --work)
+    python lab/gpu_check.py out/gpu-check --parts tests,bench,torchrun   # the extra parts
+    python lab/gpu_check.py out/gpu-check --dry        # the CPU, tiny sizes (its test)
 
-Parts, in order; each runs in its own process under a time box, and a part that fails or runs
-out of time is recorded with the end of its output while the next one still runs:
+Default parts, in order, each in its own process(es) under a time box (a part that fails or
+runs out of time is recorded with the end of its output, and the next one still runs):
 
 * versions   python, torch, CUDA, transformers, tokenizers, the device and its driver;
-* tests      the test suite with DEVICE=cuda (conftest.py hands it to the tests that
-             take a device: the model, rollouts, losses and the train.py smoke runs);
-* memory     lab/gpu_memory.py, once per probe: a random model of Qwen2.5-0.5B-Instruct's exact
-             shape (no download) put through two RL updates of the Qwen preset (policy forward and
-             backward, reference and teacher scoring) on a synthetic batch at the worst case
-             docs/one-gpu.md's table assumes, with and without GRADIENT_CHECKPOINTING;
-             Qwen2.5-1.5B with it; torch.cuda.max_memory_allocated beside that page's estimate;
-* train      config/gpu-small.py cut short: warm-up and RL wall times, seconds per step, held-out
-             EM at the end, and the full preset's time projected from them;
-* bench      lab/bench.py on the device: the EviSD/GRPO step ratio, rollout beside plain generate;
-* rollout    lab/bench.py --rollout-only: rollout tokens/s of each decode path (HF generate, the
-             static loop, its compiled step) beside plain generate and the roofline, for tiny,
-             small and a random model of Qwen2.5-0.5B's shape; the compiled path runs in a
-             process of its own, so if it fails the others' figures stand;
-* torchrun   train.py under ``torchrun --nproc_per_node=1`` for two RL steps (NCCL on CUDA).
+* train      train.py on tiny and on small (config/gpu-small.py), cut short, in the device's
+             DTYPE: warm-up and RL seconds per step, the KL at step 0 (must be exactly 0: the
+             reference computes as the policy does), every loss finite, the full preset's
+             time projected;
+* decode     the tiny run's model rolls out the same episodes with HF generate and with the
+             static decode, same seed: identical transcripts in float32 (must), and the share
+             of identical episodes under bf16 autocast (must be >= 0.9: kernels of different
+             shapes may round a near-tie the other way);
+* rounding   lab/precision.py on the tiny run's model: bf16 rounding's share of EviSD's
+             correction per action kind, on the device (must be <= 0.10, as its CPU test);
+* rollout    lab/bench.py --rollout-only: rollout tokens/s of each decode path (HF generate,
+             the static loop; its compiled step on tiny) beside plain generate and the roofline,
+             for tiny, small and a random model of Qwen2.5-0.5B's shape;
+* memory     lab/gpu_memory.py: a random model of Qwen2.5-0.5B-Instruct's exact shape (no
+             download) put through two RL updates of the Qwen preset, with
+             GRADIENT_CHECKPOINTING, at the worst case docs/one-gpu.md assumes: the peak of
+             torch.cuda.max_memory_allocated beside that page's estimate.
+
+Extra parts (``--parts``): tests (the suite with DEVICE=cuda), bench (the EviSD/GRPO step
+ratio), torchrun (two RL steps under ``torchrun --nproc_per_node=1``, NCCL), memory-all (also
+0.5B without checkpointing and 1.5B with it).
 
 Results go to OUT/gpu-check.json and OUT/gpu-check.md (rewritten after every part, so a kill
-keeps what was done) and every process's output to OUT/gpu-check.log; runs, checkpoints and
-warm-ups go to a scratch directory (``--work``, a temporary one by default).
+keeps what was done), the summary to the screen and OUT/gpu-check-summary.txt, every process's
+output to OUT/gpu-check.log; runs go to a scratch directory (``--work``, a temporary one by
+default), where decode and rounding read the train part's tiny run.
 """
 import argparse
 import datetime
@@ -46,19 +53,29 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
 # (shape, gradient checkpointing) of each memory probe (lab/gpu_memory.py).
-PROBES = [("qwen2.5-0.5b", True), ("qwen2.5-0.5b", False), ("qwen2.5-1.5b", True)]
+PROBES = [("qwen2.5-0.5b", True)]
+ALL_PROBES = PROBES + [("qwen2.5-0.5b", False), ("qwen2.5-1.5b", True)]
 
-# The train part: config/gpu-small.py with fewer steps (its full run is 1,800 + 180).
-TRAIN_CUT = ["--SFT_STEPS=300", "--RL_STEPS=8", "--EVAL_EVERY=8", "--EVAL_QUESTIONS=100"]
+# The train part: tiny (the default run's model) and config/gpu-small.py, cut short (the
+# small preset's full run is 1,800 + 180 steps). The tiny run's warm-up is long enough for its
+# model to write actions, which decode and rounding read.
+TRAIN_RUNS = {"tiny": ["--MODEL=tiny", "--SFT_STEPS=300", "--RL_STEPS=4", "--EVAL_EVERY=4",
+                       "--EVAL_QUESTIONS=20"],
+              "small": ["config/gpu-small.py", "--SFT_STEPS=100", "--RL_STEPS=4",
+                        "--EVAL_EVERY=4", "--EVAL_QUESTIONS=20"]}
 FULL_SFT_STEPS, FULL_RL_STEPS = 1800, 180
 # Dry mode: every part on the CPU at tiny sizes, so the script is known to run before a GPU sees it.
-DRY_TRAIN = ["--MODEL=tiny", "--WORLD_SCALE=0.15", "--SFT_STEPS=4", "--SFT_BATCH=4", "--RL_STEPS=2",
+DRY_TRAIN = ["--WORLD_SCALE=0.15", "--SFT_STEPS=4", "--SFT_BATCH=4", "--RL_STEPS=2",
              "--QUESTIONS_PER_STEP=2", "--GROUP_SIZE=2", "--MAX_NEW_TOKENS=12", "--MAX_TURNS=2",
              "--EVAL_QUESTIONS=3", "--EVAL_EVERY=2"]
+DRY_RUNS = {"tiny": ["--MODEL=tiny"] + DRY_TRAIN, "small": ["--MODEL=small"] + DRY_TRAIN}
+ROUNDING_GUARD = 0.10        # as lab/tests/test_rounding.py
+BF16_IDENTICAL = 0.9         # the share of episodes the two decodes must agree on under bf16
 
-# Seconds each part may take, at most (the whole run also stops at --budget).
-BOXES = {"versions": 60, "memory": 150, "train": 180, "bench": 75, "rollout": 240, "torchrun": 60,
-         "tests": 120}
+# Seconds each part may take, at most (the whole run also stops at --budget: 480 s, 8 min).
+BOXES = {"versions": 30, "train": 150, "decode": 45, "rounding": 45, "rollout": 150,
+         "memory": 60}
+EXTRA_BOXES = {"tests": 120, "bench": 75, "torchrun": 60, "memory-all": 150}
 PARTS = tuple(BOXES)
 
 
@@ -135,7 +152,8 @@ def run_parts(check, parts, functions):
             write_report(check)
             continue
         # The dry mode checks that the script runs, on a CPU that may be busy: boxes 4 times wider.
-        check.box_end = started + min(BOXES[name] * (4 if check.dry else 1), left)
+        box = {**BOXES, **EXTRA_BOXES}[name]
+        check.box_end = started + min(box * (4 if check.dry else 1), left)
         try:
             figures, status, error = functions[name](check), "ok", None
         except PartFailed as e:
@@ -196,9 +214,9 @@ def part_tests(check):
     return figures
 
 
-def part_memory(check):
+def part_memory(check, probes=PROBES):
     figures, failures = {}, []
-    probes = [("tiny", True), ("tiny", False)] if check.dry else PROBES
+    probes = [("tiny", True), ("tiny", False)] if check.dry else probes
     for shape, checkpointing in probes:
         name = f"{shape}, {'with' if checkpointing else 'without'} checkpointing"
         path = os.path.join(check.work, f"memory-{shape}-{int(checkpointing)}.json")
@@ -220,14 +238,19 @@ def part_memory(check):
 
 
 def part_train(check):
-    out, sft = os.path.join(check.work, "gpu-small"), os.path.join(check.work, "sft")
-    args = DRY_TRAIN if check.dry else TRAIN_CUT
-    started = time.monotonic()
-    rc, output = check.python("train.py", "config/gpu-small.py", *args, f"--DEVICE={check.device}",
-                              f"--OUT_DIR={out}", f"--SFT_DIR={sft}", "--overwrite")
-    figures = {"args": " ".join(args), "wall_s": round(time.monotonic() - started, 1)}
-    figures.update(train_figures(out, sft, args))
-    expect(rc, output, "train.py", figures)
+    """tiny, then small: each cut short, in the device's DTYPE; the KL at step 0 must be 0."""
+    figures = {}
+    for name, args in (DRY_RUNS if check.dry else TRAIN_RUNS).items():
+        out, sft = os.path.join(check.work, name), os.path.join(check.work, f"sft-{name}")
+        started = time.monotonic()
+        rc, output = check.python("train.py", *args, f"--DEVICE={check.device}",
+                                  f"--OUT_DIR={out}", f"--SFT_DIR={sft}", "--overwrite")
+        figures[name] = {"args": " ".join(args), "wall_s": round(time.monotonic() - started, 1)}
+        figures[name].update(train_figures(out, sft, args))
+        expect(rc, output, f"train.py ({name})", figures)
+        if figures[name].get("kl_step0") != 0.0:
+            raise PartFailed(f"{name}: the KL at step 0 is {figures[name].get('kl_step0')}, not "
+                             "0: the reference does not compute as the policy does", figures)
     return figures
 
 
@@ -246,6 +269,8 @@ def train_figures(out, sft, args):
     rows = runs.read_metrics(out)     # [] before the first row
     steps = [r for r in rows if not r.get("eval")]
     if steps:
+        figures["kl_step0"] = steps[0]["kl"]
+        figures["dtype"] = json.load(open(os.path.join(out, "config.json")))["DTYPE"]
         # the first step warms CUDA up
         step_s = statistics.median(r["step_s"] for r in steps[1:] or steps)
         figures.update(rl_steps=len(steps), rl_step_s=round(step_s, 3),
@@ -262,6 +287,75 @@ def train_figures(out, sft, args):
         figures["projected_full_preset_min"] = round(
             (figures["warmup_s"] / figures["warmup_steps"] * FULL_SFT_STEPS
              + figures["rl_step_s"] * FULL_RL_STEPS) / 60, 1)
+    return figures
+
+
+# The decode part's child: the tiny run's model, the same episodes and seed, both decode paths.
+DECODE_CHILD = """
+import json, sys, torch
+sys.path.insert(0, ".")
+import model, rollout, runs, search_env, train
+run, device, path = sys.argv[1:4]
+torch.backends.cuda.matmul.allow_tf32 = False       # float32 means float32 here
+lm, tok, cfg, _ = runs.load_run(run)
+lm = lm.to(device)
+world = train.step_world(cfg, 10_000)
+questions = world.split("train")[:16]
+figures = {}
+for dtype in ("float32", "bfloat16"):
+    out = []
+    for decode in ("generate", "static"):
+        torch.manual_seed(0)
+        envs = search_env.episodes(world, questions, 2, cfg["MAX_TURNS"], cfg["TOP_K"])
+        with model.autocast(torch.device(device), getattr(torch, dtype)):
+            out.append(rollout.rollout(lm, tok, envs, cfg["MAX_NEW_TOKENS"], cfg["TEMPERATURE"],
+                                       decode=decode))
+    a, b = out
+    same = [ta == tb for ta, tb in zip(a.turn_texts, b.turn_texts)]
+    actions = sum(s.kind != "invalid" for spans in a.spans for s in spans)
+    figures[dtype] = {"episodes": len(same), "identical": sum(same),
+                      "identical_share": sum(same) / len(same), "actions": actions}
+json.dump(figures, open(path, "w"))
+print(json.dumps(figures))
+"""
+
+
+def tiny_run(check):
+    """The train part's tiny run, which decode and rounding read."""
+    run = os.path.join(check.work, "tiny")
+    if not os.path.isdir(run) or not any(d.startswith("ckpt-") for d in os.listdir(run)):
+        raise PartFailed(f"needs the train part's tiny run in {run}: run the train part first "
+                         "(with the same --work)")
+    return run
+
+
+def part_decode(check):
+    path = os.path.join(check.work, "decode.json")
+    rc, output = check.python("-c", DECODE_CHILD, tiny_run(check), check.device, path)
+    expect(rc, output, "the decode identity")
+    figures = json.load(open(path))
+    if figures["float32"]["identical_share"] < 1.0:
+        raise PartFailed("float32: generate and the static decode sampled different episodes",
+                         figures)
+    if figures["bfloat16"]["identical_share"] < BF16_IDENTICAL:
+        raise PartFailed(f"bf16: fewer than {BF16_IDENTICAL:.0%} of the episodes identical",
+                         figures)
+    return figures
+
+
+def part_rounding(check):
+    path = os.path.join(check.work, "rounding.json")
+    rc, output = check.python("lab/precision.py", tiny_run(check), "--device", check.device,
+                              "--experts", "--json", path)
+    expect(rc, output, "lab/precision.py")
+    figures = {kind: {k: round(v, 4) if isinstance(v, float) else v for k, v in f.items()}
+               for kind, f in json.load(open(path)).items()}
+    # The dry run's model has had 4 warm-up steps: its gaps say nothing about a trained one's.
+    over = [kind for kind, f in figures.items()
+            if f.get("share", 0) > ROUNDING_GUARD and not check.dry]
+    if over or not all(f.get("tokens") for f in figures.values()):
+        raise PartFailed(f"rounding's share above {ROUNDING_GUARD} (or no tokens) for "
+                         f"{', '.join(over) or 'some kind'}", figures)
     return figures
 
 
@@ -307,13 +401,16 @@ def part_rollout(check):
                   "--QUESTIONS_PER_STEP=2", "--GROUP_SIZE=2", "--MAX_NEW_TOKENS=12"]
         groups = {"eager": "static,generate"}
     else:
-        common = ["--sizes", "tiny,small", "--shapes", "qwen2.5-0.5b", "--repeats", "2"]
+        common = ["--repeats", "1"]
         groups = {"eager": "static,generate", "compiled": "compiled,static"}
+    sizes = {"eager": ["--sizes", "tiny,small", "--shapes", "qwen2.5-0.5b"],
+             "compiled": ["--sizes", "tiny"]}      # the compiled step: its compile takes the time
     figures, failures = {}, []
     for name, decodes in groups.items():
         path = os.path.join(check.work, f"rollout-{name}.json")
         rc, output = check.python("lab/bench.py", "--device", check.device, "--rollout-only",
-                                  "--decodes", decodes, "--json", path, *common)
+                                  "--decodes", decodes, "--json", path,
+                                  *(common if check.dry else sizes[name] + common))
         if rc != 0:
             failures.append(f"{name}: {'time box' if rc is None else f'exit code {rc}'}: "
                             f"{tail(output)}")
@@ -329,9 +426,10 @@ def part_rollout(check):
     return figures
 
 
-FUNCTIONS = {"versions": part_versions, "memory": part_memory, "train": part_train,
-             "bench": part_bench, "rollout": part_rollout, "torchrun": part_torchrun,
-             "tests": part_tests}
+FUNCTIONS = {"versions": part_versions, "train": part_train, "decode": part_decode,
+             "rounding": part_rounding, "rollout": part_rollout, "memory": part_memory,
+             "tests": part_tests, "bench": part_bench, "torchrun": part_torchrun,
+             "memory-all": lambda check: part_memory(check, ALL_PROBES)}
 
 
 # ----------------------------------------------------------------------------- the report
@@ -342,6 +440,57 @@ def flat(figures, prefix=""):
             yield from flat(v, f"{prefix}{k}: ")
         else:
             yield f"{prefix}{k}", v
+
+
+def headline(name, f, dry=False):
+    """One line of a part's figures for the summary."""
+    def num(v, spec=",.0f"):
+        return "–" if v is None else format(v, spec)
+    if name == "versions":
+        return (f"{f.get('device')}, torch {f.get('torch')}, CUDA {f.get('cuda')}, "
+                f"transformers {f.get('transformers')}, bf16 {f.get('bf16')}")
+    if name == "train":
+        return "; ".join(f"{n} ({v.get('dtype')}): warm-up {v.get('warmup_s')} s, RL "
+                         f"{v.get('rl_step_s')} s/step, KL at step 0 {v.get('kl_step0')}"
+                         for n, v in f.items() if isinstance(v, dict))
+    if name == "decode":
+        return "; ".join(f"{d}: {v['identical']} of {v['episodes']} episodes identical"
+                         for d, v in f.items())
+    if name == "rounding":
+        return "; ".join(f"{k}: {v.get('share')} of the correction over {v.get('tokens')} "
+                         f"tokens" for k, v in f.items()) + f" (guard {ROUNDING_GUARD}" + (
+                             ", not applied to the dry run's untrained model)" if dry else ")")
+    if name == "rollout":
+        cells = []
+        for config, row in f.items():
+            if not isinstance(row, dict):
+                continue
+            paths = [d for d in ("generate", "static", "compiled") if f"rollout_{d}_tok_s" in row]
+            cells.append(f"{config} " + " / ".join(
+                f"{d} {num(row[f'rollout_{d}_tok_s'])} "
+                f"({num(row.get(f'rollout_{d}_of_roofline'), '.0%')})" for d in paths))
+        return "tok/s (of roofline): " + "; ".join(cells)
+    if name.startswith("memory"):
+        return "; ".join(f"{probe}: peak {v.get('peak_gb', v.get('peak_rss_gb', v.get('error')))}"
+                         " GB" for probe, v in f.items())
+    return ", ".join(f"{k} {v}" for k, v in flat(f))[:160]
+
+
+def summary(check):
+    """The one-screen summary: PASS or FAIL per part, its seconds and its headline figures."""
+    lines = [f"GPU check{' (dry: CPU, tiny sizes)' if check.dry else ''}, "
+             f"{datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC"]
+    for name, r in check.results.items():
+        verdict = "PASS" if r["status"] == "ok" else "FAIL" if r["status"] != "skipped" else "SKIP"
+        lines.append(f"{verdict:4} {name:<10} {r['seconds']:>6.1f} s  "
+                     + headline(name, r.get("figures") or {}, check.dry))
+        if r.get("error"):
+            lines.append(" " * 5 + r["error"].splitlines()[0][:150])
+    total = sum(r["seconds"] for r in check.results.values())
+    bad = [n for n, r in check.results.items() if r["status"] != "ok"]
+    lines.append(f"{'all parts pass' if not bad else 'not ok: ' + ', '.join(bad)}; "
+                 f"{total:.0f} s of parts")
+    return "\n".join(lines)
 
 
 def write_report(check):
@@ -372,22 +521,23 @@ def main(argv):
     ap.add_argument("--dry", action="store_true",
                     help="CPU and tiny sizes: check the script itself")
     ap.add_argument("--parts", default=",".join(PARTS),
-                    help=f"comma-separated, from {','.join(PARTS)}")
+                    help=f"comma-separated, from {','.join(FUNCTIONS)} (default: "
+                         f"{','.join(PARTS)})")
     ap.add_argument("--budget", type=float, default=None,
                     help="seconds for the whole check, parts after it are skipped "
-                    "(default 780; dry mode 2160)")
+                    "(default 480; dry mode 1920)")
     ap.add_argument("--work", default=None,
                     help="scratch directory for runs (default: a temporary one)")
     ap.add_argument("out", help="directory for gpu-check.json, gpu-check.md and gpu-check.log")
     args = ap.parse_args(argv)
     parts = args.parts.split(",")
-    unknown = [p for p in parts if p not in PARTS]
+    unknown = [p for p in parts if p not in FUNCTIONS]
     if unknown:
-        ap.error(f"unknown part(s) {', '.join(unknown)}; the parts are {', '.join(PARTS)}")
+        ap.error(f"unknown part(s) {', '.join(unknown)}; the parts are {', '.join(FUNCTIONS)}")
     os.makedirs(args.out, exist_ok=True)
     work = args.work or tempfile.mkdtemp(prefix="gpu-check-")
     os.makedirs(work, exist_ok=True)
-    budget = args.budget or (2160 if args.dry else 780)
+    budget = args.budget or (1920 if args.dry else 480)
     check = Check(os.path.abspath(args.out), os.path.abspath(work), args.dry, budget)
     previous = os.path.join(check.out, "gpu-check.json")
     if os.path.exists(previous):     # a rerun of some parts keeps the others' results
@@ -395,8 +545,10 @@ def main(argv):
                          if k not in parts}
     run_parts(check, parts, FUNCTIONS)
     bad = [name for name in parts if check.results[name]["status"] != "ok"]
-    print(f"results: {os.path.join(check.out, 'gpu-check.md')}"
-          + (f"; not ok: {', '.join(bad)}" if bad else ""))
+    text = summary(check)
+    with open(os.path.join(check.out, "gpu-check-summary.txt"), "w") as f:
+        f.write(text + "\n")
+    print("\n" + text + f"\nfigures: {os.path.join(check.out, 'gpu-check.md')}")
     return 1 if bad else 0
 
 

@@ -3,7 +3,7 @@ changes when the student's and the teacher's log-probs are computed under bf16 a
 GPU run) instead of float32, on the same sampled episodes.
 
     python lab/precision.py out/evisd-s0                   # a run's newest checkpoint, CPU
-    python lab/precision.py out/evisd-s0 --device cuda     # what lab/gpu_check.py runs
+    python lab/precision.py out/run --device cuda --experts   # what lab/gpu_check.py runs
 
 For each action kind (search, answer) over the content tokens m of episodes with A != 0, with
 c = Â - A the correction (evisd.evisd_correction):
@@ -17,6 +17,7 @@ why a rounding error of tenths of a nat moves little of the mass. lab/tests/test
 the share under 10% on a trained embedded model.
 """
 import argparse
+import json
 import os
 import random
 import sys
@@ -31,6 +32,7 @@ import rollout  # noqa: E402
 import runs  # noqa: E402
 import search_env  # noqa: E402
 import train  # noqa: E402
+import warmup  # noqa: E402
 
 KINDS = ("search", "answer")
 
@@ -96,6 +98,19 @@ def sampled_batches(policy, tokenizer, cfg, n_batches, seed=0):
     return out
 
 
+def expert_batches(tokenizer, cfg, n_batches):
+    """Batches of noisy expert episodes (warmup.expert_rollouts: real action spans, mixed
+    rewards) instead of sampled ones: for a briefly trained model that writes few actions."""
+    out = []
+    for b in range(n_batches):
+        world = train.step_world(cfg, 10_000 + b)
+        questions = random.Random(f"precision/{b}").sample(world.split("train"),
+                                                           cfg["QUESTIONS_PER_STEP"])
+        r = warmup.expert_rollouts(cfg, tokenizer, world, questions, seed=b)
+        out.append((world, r, grpo.group_advantages(r.rewards, cfg["GROUP_SIZE"])))
+    return out
+
+
 def table(result):
     lines = ["| action kind | content tokens (A ≠ 0) | rounding's share of the correction | "
              "largest gap error | 99th pct gap error | median gap | 99th pct gap |",
@@ -114,12 +129,19 @@ def main(argv):
     ap.add_argument("run", help="a run directory (its newest checkpoint) or a checkpoint")
     ap.add_argument("--batches", type=int, default=3, help="training batches to sample")
     ap.add_argument("--device", default="cpu")
+    ap.add_argument("--experts", action="store_true",
+                    help="noisy expert episodes instead of the model's own samples")
+    ap.add_argument("--json", default=None, help="also write the figures here")
     args = ap.parse_args(argv)
     policy, tokenizer, cfg, _ = runs.load_run(args.run)
     policy = policy.to(args.device)
-    batches = sampled_batches(policy, tokenizer, cfg, args.batches)
+    batches = (expert_batches(tokenizer, cfg, args.batches) if args.experts
+               else sampled_batches(policy, tokenizer, cfg, args.batches))
     result = rounding(policy, tokenizer, batches, train.evisd_settings(cfg))
     print(table(result))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(result, f, indent=1)
     return result
 
 

@@ -18,32 +18,48 @@ spec.loader.exec_module(gpu_check)
 
 def test_dry_mode_runs_every_part_and_writes_the_report(tmp_path):
     out = tmp_path / "out"
+    parts = list(gpu_check.PARTS) + ["tests", "bench", "torchrun"]
     proc = subprocess.run([sys.executable, "lab/gpu_check.py", str(out), "--dry", "--work",
-                           str(tmp_path / "work")],
-                          cwd=ROOT, capture_output=True, text=True, timeout=900)
+                           str(tmp_path / "work"), "--parts", ",".join(parts)],
+                          cwd=ROOT, capture_output=True, text=True, timeout=1500)
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    parts = json.load(open(out / "gpu-check.json"))["parts"]
-    assert list(parts) == list(gpu_check.PARTS)
-    assert all(p["status"] == "ok" for p in parts.values()), {
-        k: p.get("error") for k, p in parts.items()}
-    f = {name: p["figures"] for name, p in parts.items()}
+    results = json.load(open(out / "gpu-check.json"))["parts"]
+    assert list(results) == parts
+    assert all(p["status"] == "ok" for p in results.values()), {
+        k: p.get("error") for k, p in results.items()}
+    f = {name: p["figures"] for name, p in results.items()}
     assert f["versions"]["torch"] and f["versions"]["device"] == "cpu"
-    assert f["tests"]["passed"] > 0 and f["tests"]["failed"] == f["tests"]["errors"] == 0
-    # the tiny stand-in of the Qwen shapes: 2 x 2 episodes, all scored
-    for probe in f["memory"].values():
-        assert probe["params"] > 0 and probe["episodes"] == 4 and probe["finite_loss"]
-        assert probe["peak_rss_gb"] > 0 and probe["modulated_frac"] > 0
-    assert (f["train"]["rl_steps"] == 2 and f["train"]["warmup_s"] > 0
-            and f["train"]["heldout_last"]["step"] == 2)
-    assert f["bench"]["evisd_step_over_grpo_step"] > 0 and f["bench"]["tiny"]["episodes"] == 4
+    # train: tiny and small, 2 RL steps each, and the KL exactly 0 at step 0
+    for name in ("tiny", "small"):
+        run = f["train"][name]
+        assert run["rl_steps"] == 2 and run["warmup_s"] > 0 and run["heldout_last"]["step"] == 2
+        assert run["kl_step0"] == 0.0 and run["dtype"] == "float32"
+    # decode: the same episodes from both paths, in float32 and under bf16 autocast
+    assert f["decode"]["float32"]["identical_share"] == 1.0
+    assert f["decode"]["bfloat16"]["identical_share"] >= gpu_check.BF16_IDENTICAL
+    for kind in ("search", "answer"):
+        assert f["rounding"][kind]["tokens"] > 0
+        assert f["rounding"][kind]["share"] > 0     # the guard: on a trained model, not here
     # the rollout table: both eager decode paths, plain generate and the roofline, per config
     for config in ("tiny", "tiny-shape"):
         row = f["rollout"][config]
         assert row["rollout_static_tok_s"] > 0 and row["rollout_generate_tok_s"] > 0
         assert row["generate_tok_s"] > 0 and 0 < row["rollout_static_of_roofline"] < 1
+    # the tiny stand-in of the Qwen shape: 2 x 2 episodes, all scored
+    for probe in f["memory"].values():
+        assert probe["params"] > 0 and probe["episodes"] == 4 and probe["finite_loss"]
+        assert probe["peak_rss_gb"] > 0 and probe["modulated_frac"] > 0
+    # the extra parts
+    assert f["tests"]["passed"] > 0 and f["tests"]["failed"] == f["tests"]["errors"] == 0
+    assert f["bench"]["evisd_step_over_grpo_step"] > 0 and f["bench"]["tiny"]["episodes"] == 4
     assert f["torchrun"] == {"processes": 1, "backend": "gloo", "rows": 2, "checkpoint": True}
+    # the one-screen summary: a PASS line per part, on the screen and in its file
+    summary = open(out / "gpu-check-summary.txt").read()
+    assert summary.strip() in proc.stdout
+    assert [line.split()[1] for line in summary.splitlines() if line.startswith("PASS")] == parts
+    assert len(summary.splitlines()) <= 24 and "all parts pass" in summary
     report = open(out / "gpu-check.md").read()
-    assert "| torchrun | ok |" in report and "| rl_step_s |" in report
+    assert "| torchrun | ok |" in report and "| tiny: rl_step_s |" in report
     assert "$ " in open(out / "gpu-check.log").read()          # every command and its output
 
 
