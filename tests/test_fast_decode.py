@@ -67,7 +67,8 @@ def test_static_decode_samples_what_generate_samples(which, greedy, request, wor
 def cuda_like_attention(calls):
     """scaled_dot_product_attention as some fused CUDA kernels return it: NaN in a query row
     that has nothing to attend to, and the output's memory laid out [B, q, heads, hd] (the same
-    values, not contiguous). ``calls`` counts the calls and the fully masked rows seen."""
+    values, not contiguous). ``calls`` counts the calls and the fully masked rows seen, and
+    collects the (query, key, value) dtypes."""
     real = torch.nn.functional.scaled_dot_product_attention
 
     def attention(q, k, v, attn_mask=None, **kwargs):
@@ -75,6 +76,7 @@ def cuda_like_attention(calls):
         empty = torch.isneginf(attn_mask).all(-1, keepdim=True)      # [B, 1, q, 1]
         calls["calls"] += 1
         calls["empty_rows"] += int(empty.sum())
+        calls["dtypes"].add((q.dtype, k.dtype, v.dtype))
         out = out.masked_fill(empty, float("nan"))
         return out.transpose(1, 2).contiguous().transpose(1, 2)
     return attention
@@ -85,17 +87,19 @@ def test_static_decode_holds_up_against_what_cuda_kernels_return(tok, trained, w
                                                                 monkeypatch):
     """Under float32 and under bf16 autocast (a GPU run's precision), the static loop samples
     what generate samples even when the attention kernel returns its output non-contiguous and
-    NaN for fully masked rows: the left-padded prompt slots must not be such rows."""
+    NaN for fully masked rows: the left-padded prompt slots must not be such rows. The cache
+    holds keys in the values' dtype (RoPE's float32 cos/sin must not leave them float32)."""
     cpu = torch.device("cpu")
     with model.autocast(cpu, dtype):
         expected = rollout_both_ways(trained, tok, world, greedy=False, decodes=["generate"])[0]
-        calls = {"calls": 0, "empty_rows": 0}
+        calls = {"calls": 0, "empty_rows": 0, "dtypes": set()}
         monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention",
                             cuda_like_attention(calls))
         got = rollout_both_ways(trained, tok, world, greedy=False, decodes=["static"])[0]
     prompts = expected.prompt_len
     assert prompts.min() < prompts.max() and calls["calls"] > 100   # left padding occurred
     assert calls["empty_rows"] == 0
+    assert {d for dtypes in calls["dtypes"] for d in dtypes} == {dtype}
     for field in ("input_ids", "gen_mask", "action_kind"):
         assert torch.equal(getattr(expected, field), getattr(got, field)), field
     assert expected.turn_texts == got.turn_texts
