@@ -2,6 +2,7 @@
 rebuilt on any machine, checkpoints or not, and read while protocol-v5.sh still runs.
 
     python lab/results/v5_tables.py [lab/results/v5-runs] [--plot curves-v5.png]
+    python lab/results/v5_tables.py --collect out/v5    # copy finished runs' records first
 
 Tables, as protocol-v5.sh fixes them: the headline, EviSD - GRPO over every seed that has both;
 the paper's ablation table with our column, each row and dose against EviSD on the seeds both
@@ -14,6 +15,7 @@ import glob
 import json
 import math
 import os
+import shutil
 import statistics
 import sys
 
@@ -51,6 +53,22 @@ def rows(folder):
                     **{k: em.get(k) for k in ("macro", "hop1", "hop2", "hop3")},
                     **curves.speed(metrics, cfg["RL_STEPS"])})
     return out
+
+
+def collect(source, folder):
+    """Copy each finished run's records (config.json, metrics.jsonl, the final checkpoint's
+    heldout-em.json) from protocol-v5.sh's ``source`` (out/v5) into ``folder``."""
+    copied = 0
+    for d in sorted(glob.glob(os.path.join(source, "*-s[0-9]*"))):
+        em = os.path.join(d, "ckpt-000060", "heldout-em.json")
+        if not os.path.exists(em):
+            continue
+        dest = os.path.join(folder, os.path.basename(d))
+        os.makedirs(dest, exist_ok=True)
+        for f in (os.path.join(d, "config.json"), os.path.join(d, "metrics.jsonl"), em):
+            shutil.copy(f, dest)
+        copied += 1
+    print(f"{copied} finished runs' records copied from {source} to {folder}")
 
 
 def missing(records):
@@ -169,8 +187,12 @@ if __name__ == "__main__":
         i = args.index("--plot")
         plot = args[i + 1]
         del args[i:i + 2]
-    records = rows(args[0] if args else
-                   os.path.join(os.path.dirname(os.path.abspath(__file__)), "v5-runs"))
+    here = os.path.join(os.path.dirname(os.path.abspath(__file__)), "v5-runs")
+    if "--collect" in args:
+        i = args.index("--collect")
+        collect(args[i + 1], here)
+        del args[i:i + 2]
+    records = rows(args[0] if args else here)
     print("## Headline\n\n" + headline(records))
     print("\n## The paper's ablation table, with intervals (seeds 0–9)\n\n" + ablation(records))
     print("\n## Each run group's own held-out EM (18 worlds, final checkpoint, greedy)\n\n"
