@@ -164,7 +164,8 @@ def means(records):
     for g in GROUPS:
         mine = [r for r in records if r["group"] == g]
         if mine:
-            avg = {k: statistics.mean(r[k] for r in mine) for k in ("macro", "hop1", "hop2", "hop3")}
+            avg = {k: statistics.mean(r[k] for r in mine)
+                   for k in ("macro", "hop1", "hop2", "hop3")}
             lines.append(f"| {g} | {len(mine)} | {avg['macro']:.3f} | {avg['hop1']:.3f} | "
                          f"{avg['hop2']:.3f} | {avg['hop3']:.3f} |")
     return "\n".join(lines)
