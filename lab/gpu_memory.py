@@ -7,7 +7,6 @@ worst case docs/one-gpu.md's memory table assumes; peak memory beside that page'
     python lab/gpu_memory.py tiny --dry --json out/mem.json                       # CPU, tiny sizes
 """
 import argparse
-import copy
 import json
 import os
 import random
@@ -107,7 +106,7 @@ def probe_memory(shape, checkpointing, dry, path):
         lm = Qwen2ForCausalLM(config)        # float32 weights, as train.py holds the policy
     if checkpointing:
         model.enable_checkpointing(lm)
-    ref = copy.deepcopy(lm).eval().requires_grad_(False)     # float32, as train.py's
+    ref = train.frozen_reference(lm)
     opt = torch.optim.AdamW(lm.parameters(), lr=cfg["LR"], weight_decay=0.0)
     cuda = device.type == "cuda"
     if cuda:

@@ -6,7 +6,6 @@ CUDA-like attention outputs in test_fast_decode.py; rounding's share of EviSD's 
 lab/tests/test_rounding.py.)"""
 import json
 import os
-import shutil
 
 import pytest
 import torch
@@ -15,7 +14,7 @@ import evaluate
 import model
 import runs
 import train
-from test_faults import BASE, finished  # noqa: F401 (fixtures: a finished tiny run)
+from test_faults import finished, run_copy  # noqa: F401 (fixtures: a copy of a finished tiny run)
 
 
 def test_bf16_autocast_runs_on_the_cpu_and_float32_is_untouched():
@@ -39,10 +38,9 @@ def test_float16_is_refused_in_one_line(capsys):
 
 
 @pytest.fixture
-def evaluated(finished, tmp_path, monkeypatch):
+def evaluated(run_copy, monkeypatch):
     """A copy of the finished tiny run, and the dtypes evaluate.py computed its EM in."""
-    run = str(tmp_path / "run")
-    shutil.copytree(finished / "run", run)
+    run, _ = run_copy
     seen = []
     real = model.autocast
     monkeypatch.setattr(model, "autocast", lambda device, dtype: seen.append(

@@ -39,15 +39,15 @@ def main(warmup_dir):
         with torch.no_grad():
             r = rollout.rollout(lm, tok, envs, cfg["MAX_NEW_TOKENS"], cfg["TEMPERATURE"])
         rows = list(range(len(r.rewards)))
+        m = evisd.correction_mask(r, train.evisd_settings(cfg))   # the same at any temperature
         for t in TEMPERATURES:
             settings = train.evisd_settings(dict(cfg, TEMPERATURE=t))
             with torch.no_grad():
                 lp_s = model.token_logprobs(lm, r.input_ids, r.attention_mask, r.gen_mask,
                                             temperature=t)
             lp_t = evisd.teacher_logprobs(lm, tok, world, r, lp_s, rows, settings)
-            m = evisd.correction_mask(r, settings)
             gaps[t].append((lp_t - lp_s)[m])
-        kinds.append(r.action_kind[evisd.correction_mask(r, train.evisd_settings(cfg))])
+        kinds.append(r.action_kind[m])
     kind = torch.cat(kinds)
     tau = cfg["EVISD_TAU"]
     print("| kind | tokens | mean abs gap, T=0.5 | T=1 | ratio | share saturated, T=0.5 | T=1 |")
