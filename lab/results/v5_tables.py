@@ -110,7 +110,7 @@ def headline(records):
     if not p:
         return "no seed has both GRPO and EviSD yet"
     mean, low, high, sd, half = paired_line(p)
-    need = math.ceil((1.96 * sd / 0.008) ** 2) if sd else None
+    need = seeds_for(sd, 0.008)
     lines = [f"EviSD − GRPO, held-out macro EM, {len(p['seeds'])} seeds: "
              f"{fmt_interval(mean, low, high)} → **{decide(mean, low, high)}**; paired sd "
              f"{_f(sd)}, half-width reached {_f(half)} (±0.008 would need about {need} seeds at "
@@ -119,6 +119,36 @@ def headline(records):
     for k in evaluate.PAIRED_KEYS + curves.SPEED_KEYS:
         if k in p["intervals"]:
             lines.append(f"| {k} | {fmt_interval(*p['intervals'][k])} |")
+    return "\n".join(lines)
+
+
+def seeds_for(sd, half_width):
+    """The fewest paired seeds n whose 95% t-interval, t_0.975(n-1) * sd / sqrt(n), is at most
+    ``half_width`` at this sd (the protocol's power line, solved the other way)."""
+    if not sd:
+        return "–"
+    n = 2
+    while (evaluate.T_975[n - 2] if n - 1 <= len(evaluate.T_975) else 1.96) * sd \
+            / math.sqrt(n) > half_width:
+        n += 1
+    return n
+
+
+def other_measures(records):
+    """Each row and dose against EviSD on the protocol's other measures: 1-, 2- and 3-hop EM and
+    the learning speed the default toy still shows (the quick check's area, the premature
+    answers' area), paired by seed, mean [95%]."""
+    keys = ("hop1", "hop2", "hop3", "quick_area", "premature_area")
+    mine = [r for r in records if r["seed"] in set(ROW_SEEDS)]
+    vs_evisd = evaluate.paired_differences(mine, "evisd", keys)
+    lines = ["| − EviSD [95%] | seeds | " + " | ".join(keys) + " |",
+             "|---" * (len(keys) + 2) + "|"]
+    for group, what, *_ in ROWS:
+        p = vs_evisd.get(group)
+        if p:
+            lines.append(f"| {what} | {len(p['seeds'])} | " + " | ".join(
+                fmt_interval(*p["intervals"][k]) if k in p["intervals"] else "–" for k in keys)
+                + " |")
     return "\n".join(lines)
 
 
@@ -134,18 +164,18 @@ def ablation(records):
     vs_evisd = evaluate.paired_differences(mine, "evisd")
     vs_grpo = evaluate.paired_differences(mine, "grpo")
     lines = ["| the paper's row | override | paper (7B, one run) | seeds | ours: − EviSD, macro "
-             "[95%] | sd | half-width | decision | paper inside? | ours: − GRPO [95%] |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
+             "[95%] | sd | half-width | seeds for ±0.015 | decision | paper inside? | "
+             "ours: − GRPO [95%] |", "|---|---|---|---|---|---|---|---|---|---|---|"]
     evisd_grpo = vs_grpo.get("evisd")
     if evisd_grpo:
         m, lo, hi, sd, half = paired_line(evisd_grpo)
         lines.append(f"| EviSD | (the default) | 50.8 | {len(evisd_grpo['seeds'])} | 0 | – | – | – "
-                     f"| – | {fmt_interval(m, lo, hi)} |")
+                     f"| – | – | {fmt_interval(m, lo, hi)} |")
     for group, what, override, paper in ROWS:
         p = vs_evisd.get(group)
         if not p:
             lines.append(f"| {what} | `{override}` | {_f(paper, '+.1f')} | 0 | not run yet | | | "
-                         "| | |")
+                         "| | | |")
             continue
         m, lo, hi, sd, half = paired_line(p)
         inside = ("–" if paper is None or lo is None
@@ -153,6 +183,7 @@ def ablation(records):
         g = vs_grpo.get(group)
         lines.append(f"| {what} | `{override}` | {_f(paper, '+.1f')} | {len(p['seeds'])} | "
                      f"{fmt_interval(m, lo, hi)} | {_f(sd)} | {_f(half)} | "
+                     f"{seeds_for(sd, 0.015)} | "
                      f"{decide(m, lo, hi).replace('helps', 'better').replace('hurts', 'worse')}"
                      f" | {inside} | {fmt_interval(*g['intervals']['macro']) if g else '–'} |")
     return "\n".join(lines)
@@ -196,6 +227,8 @@ if __name__ == "__main__":
     records = rows(args[0] if args else here)
     print("## Headline\n\n" + headline(records))
     print("\n## The paper's ablation table, with intervals (seeds 0–9)\n\n" + ablation(records))
+    print("\n## Each row against EviSD on the other measures (seeds 0–9)\n\n"
+          + other_measures(records))
     print("\n## Each run group's own held-out EM (18 worlds, final checkpoint, greedy)\n\n"
           + means(records))
     print("\n## Held-out macro EM per seed\n\n" + per_seed(records))
