@@ -152,6 +152,36 @@ def other_measures(records):
     return "\n".join(lines)
 
 
+def points(mean, low, high):
+    """A paired difference in EM points (x 100, as the paper's table), with its 95% interval."""
+    cell = "{:+.1f} [{:+.1f}, {:+.1f}]".format(100 * mean, 100 * low, 100 * high)
+    return cell.replace("-", "−")
+
+
+def readme_cells(records):
+    """The README's column beside the paper's: for each override, our paired difference in EM
+    points with its interval, in bold with the decision where the interval excludes 0 (rows:
+    - EviSD on seeds 0-9; the default: EviSD - GRPO on every seed, their number given).
+    lab/tests/test_v5_tables.py checks the README against these."""
+    def cell(p, better, worse):
+        verdict = decide(*p["macro"])
+        if verdict == "no difference detected":
+            return points(*p["macro"])
+        return f"**{points(*p['macro'])} {better if verdict == 'helps' else worse}**"
+
+    seeds = set(ROW_SEEDS)
+    vs_evisd = evaluate.paired_differences([r for r in records if r["seed"] in seeds], "evisd")
+    cells = {}
+    p = evaluate.paired_differences(records, "grpo").get("evisd")
+    if p:
+        cells["(the default)"] = (f"− GRPO: {cell(p, 'helps', 'hurts')} "
+                                  f"({len(p['seeds'])} seeds)")
+    for group, what, override, paper in ROWS:
+        if group in vs_evisd:
+            cells[override] = cell(vs_evisd[group], "better", "worse")
+    return cells
+
+
 def _f(v, spec=".3f"):
     return "–" if v is None else format(v, spec)
 
@@ -231,6 +261,9 @@ if __name__ == "__main__":
           + other_measures(records))
     print("\n## Each run group's own held-out EM (18 worlds, final checkpoint, greedy)\n\n"
           + means(records))
+    print("\n## The README's column (EM points)\n")
+    for override, cell in readme_cells(records).items():
+        print(f"{override}: {cell}")
     print("\n## Held-out macro EM per seed\n\n" + per_seed(records))
     gone = missing(records)
     print(f"\n{len(records)} runs recorded; {len(gone)} of the protocol's runs not yet"

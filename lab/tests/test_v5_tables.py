@@ -1,0 +1,68 @@
+"""Benchmark v5's tables are the committed records' (lab/results/v5-runs/): the headline is the
+paired differences read straight from each run's heldout-em.json, and rows pair by seed."""
+import importlib.util
+import json
+import math
+import os
+import statistics
+
+import pytest
+
+import evaluate
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+RESULTS = os.path.join(HERE, "..", "results")
+RUNS = os.path.join(RESULTS, "v5-runs")
+
+
+@pytest.fixture(scope="module")
+def tables():
+    spec = importlib.util.spec_from_file_location("v5_tables",
+                                                  os.path.join(RESULTS, "v5_tables.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="module")
+def records(tables):
+    return tables.rows(RUNS)
+
+
+def macro_of(run):
+    """A run's held-out macro EM on the protocol's 18 worlds, read from its files alone."""
+    cfg = json.load(open(os.path.join(RUNS, run, "config.json")))
+    em = json.load(open(os.path.join(RUNS, run, "heldout-em.json")))
+    return em[evaluate.em_key(cfg, 18)]["macro"]
+
+
+def test_headline_is_the_paired_records(tables, records):
+    seeds = [s for s in range(30) if os.path.isdir(os.path.join(RUNS, f"grpo-s{s}"))
+             and os.path.isdir(os.path.join(RUNS, f"evisd-s{s}"))]
+    assert len(seeds) >= 2
+    diffs = [macro_of(f"evisd-s{s}") - macro_of(f"grpo-s{s}") for s in seeds]
+    p = evaluate.paired_differences(records, "grpo")["evisd"]
+    mean, low, high = p["macro"]
+    assert p["seeds"] == seeds
+    assert mean == pytest.approx(statistics.mean(diffs), abs=1e-12)
+    half = evaluate.T_975[len(seeds) - 2] * statistics.stdev(diffs) / math.sqrt(len(seeds))
+    assert (low, high) == pytest.approx((mean - half, mean + half), abs=1e-12)
+
+
+def test_rows_pair_with_evisd_seed_by_seed(tables, records):
+    # Every row's difference on a seed is its run's macro minus that seed's EviSD run's.
+    vs_evisd = evaluate.paired_differences(records, "evisd")
+    for group, *_ in tables.ROWS:
+        for s in vs_evisd[group]["seeds"]:
+            expected = macro_of(f"{group}-s{s}") - macro_of(f"evisd-s{s}")
+            assert vs_evisd[group]["diff"][s]["macro"] == pytest.approx(expected, abs=1e-12)
+
+
+def test_points_and_decisions(tables):
+    assert tables.points(-0.0131, -0.028, 0.0021) == "−1.3 [−2.8, +0.2]"
+    assert tables.decide(-0.01, -0.02, -0.001) == "hurts"
+    assert tables.decide(0.01, 0.001, 0.02) == "helps"
+    assert tables.decide(0.0, -0.01, 0.01) == "no difference detected"
+    # 10 seeds at v3's sd 0.0207 reach the protocol's planned ±0.015 (t_9 · 0.0207 / √10).
+    assert tables.seeds_for(0.0207, 0.0149) == 10
+    assert tables.seeds_for(0.0207, 0.0147) == 11
