@@ -232,6 +232,27 @@ def means(records):
     return "\n".join(lines)
 
 
+def mechanics(records):
+    """What each group's training did, averaged over its RL steps and seeds (metrics.jsonl):
+    the share of generated tokens whose advantage the rule moved, the mean |gap| on search and
+    answer tokens, the gated loss's term beside the size of the whole loss, the KL to the
+    warm-up and the reward."""
+    keys = ("modulated_frac", "search_gap_abs_mean", "answer_gap_abs_mean", "extra_loss",
+            "loss", "kl", "reward")
+    lines = ["| run group | " + " | ".join(k if k != "loss" else "\\|loss\\|" for k in keys)
+             + " |", "|---" * (len(keys) + 1) + "|"]
+    for g in GROUPS:
+        steps = [m for r in records if r["group"] == g for m in r["metrics"] if not m.get("eval")]
+        if steps:
+            cells = []
+            for k in keys:
+                vals = [abs(m[k]) if k == "loss" else m[k] for m in steps
+                        if m.get(k) is not None]
+                cells.append(_f(statistics.mean(vals), ".2g") if vals else "–")
+            lines.append(f"| {g} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
 def per_seed(records):
     """Held-out macro EM of every run, one line per seed."""
     by = {(r["group"], r["seed"]): r["macro"] for r in records}
@@ -261,6 +282,8 @@ if __name__ == "__main__":
           + other_measures(records))
     print("\n## Each run group's own held-out EM (18 worlds, final checkpoint, greedy)\n\n"
           + means(records))
+    print("\n## What each group's training did (mean over RL steps and seeds)\n\n"
+          + mechanics(records))
     print("\n## The README's column (EM points)\n")
     for override, cell in readme_cells(records).items():
         print(f"{override}: {cell}")
