@@ -1,6 +1,7 @@
 """Faults and bad input, one test per row of the README's table: torn logs, reused run
 directories, changed settings on resume, damaged checkpoints and save leftovers, SIGTERM, and
 model output that is not valid Unicode."""
+import json
 import os
 import re
 import shutil
@@ -123,15 +124,29 @@ def test_reused_out_dir_stops_unless_told_to_overwrite(run_copy):
     assert rows(out) == [] and ckpt_names(out) == ["ckpt-000000"]
 
 
-def test_resume_without_a_readable_checkpoint_keeps_the_log(run_copy, capsys):
+def test_resume_without_a_readable_checkpoint_starts_a_clean_log(run_copy, capsys):
     out, args = run_copy
     before = rows(out)
     for name in ckpt_names(out):
         shutil.rmtree(os.path.join(out, name))
     train.main(args + ["--resume", "--RL_STEPS=1"])
     assert "no readable checkpoint" in capsys.readouterr().out
-    after = rows(out)
-    assert after[:2] == before and [r["step"] for r in after] == [0, 1, 0]   # appended, not lost
+    # The run starts again at step 0: its log holds that run's rows once, the earlier ones are
+    # kept beside it.
+    assert [r["step"] for r in rows(out)] == [0]
+    restarted = [json.loads(line) for line in open(os.path.join(out, runs.RESTARTED_LOG))]
+    assert restarted == before
+
+
+def test_a_log_written_across_a_restart_reads_as_its_last_attempt(tmp_path, capsys):
+    # What code before the clean restart left (benchmark v5's grpo-s6): an attempt's rows, then
+    # the restarted run's from step 0.
+    logged = [{"step": 0, "eval": True}, {"step": 0}, {"step": 1}, {"step": 2},
+              {"step": 0, "eval": True}, {"step": 0}, {"step": 1}]
+    with open(tmp_path / "metrics.jsonl", "w") as f:
+        f.writelines(json.dumps(r) + "\n" for r in logged)
+    assert runs.read_metrics(tmp_path) == logged[4:]
+    assert "restarted from the warm-up; the 4 rows" in capsys.readouterr().err
 
 
 def test_resume_with_other_settings_names_them(run_copy, capsys):
