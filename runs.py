@@ -466,6 +466,7 @@ def start_metrics(run_dir, resume, start, cfg):
     kept = read_metrics(run_dir) if resume else []
     if resume and not start and kept:
         os.replace(path, os.path.join(run_dir, RESTARTED_LOG))
+        kept = []   # the step-0 quick check is logged again too
     kept = [r for r in kept if r["step"] < start or (r["step"] == start and r.get("eval"))]
     with open(path + ".tmp", "w") as f:
         f.writelines(json.dumps(r) + "\n" for r in kept)

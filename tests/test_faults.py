@@ -129,6 +129,10 @@ def test_resume_without_a_readable_checkpoint_starts_a_clean_log(run_copy, capsy
     before = rows(out)
     for name in ckpt_names(out):
         shutil.rmtree(os.path.join(out, name))
+    # The earlier attempt's step-0 quick check must not stay either: the restart logs its own.
+    before = [{"step": 0, "eval": True}] + before
+    with open(os.path.join(out, "metrics.jsonl"), "w") as f:
+        f.writelines(json.dumps(r) + "\n" for r in before)
     train.main(args + ["--resume", "--RL_STEPS=1"])
     assert "no readable checkpoint" in capsys.readouterr().out
     # The run starts again at step 0: its log holds that run's rows once, the earlier ones are
