@@ -152,16 +152,33 @@ T_975 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 
          2.060, 2.056, 2.052, 2.048, 2.045, 2.042)
 
 
+def t_975(dof):
+    """Student's t_0.975 for ``dof`` degrees of freedom; beyond 30, the normal 1.96 (off by
+    < 3%)."""
+    return T_975[dof - 1] if dof <= len(T_975) else 1.96
+
+
 def t_interval(values):
     """(mean, low, high): the 95% t-interval of the mean, mean ± t_0.975(n−1) · s / √n, with s
-    the sample std (n − 1). Beyond 30 degrees of freedom, the normal 1.96 (off by < 3%)."""
+    the sample std (n − 1)."""
     n = len(values)
     m = sum(values) / n
     if n < 2:
         return m, None, None
     s = math.sqrt(sum((v - m) ** 2 for v in values) / (n - 1))
-    t = T_975[n - 2] if n - 1 <= len(T_975) else 1.96
+    t = t_975(n - 1)
     return m, m - t * s / math.sqrt(n), m + t * s / math.sqrt(n)
+
+
+def seeds_for(sd, half_width):
+    """The fewest paired seeds n whose 95% t-interval, t_0.975(n-1) * sd / sqrt(n), is at most
+    ``half_width`` at this sd: a protocol's power line solved the other way ("–" for sd 0)."""
+    if not sd:
+        return "–"
+    n = 2
+    while t_975(n - 1) * sd / math.sqrt(n) > half_width:
+        n += 1
+    return n
 
 
 # ----------------------------------------------------------------------------- runs

@@ -84,8 +84,7 @@ def main(argv):
         diffs = [d["macro"] for d in p["diff"].values() if d["macro"] is not None]
         if len(diffs) > 1:
             sd = statistics.stdev(diffs)
-            t = lambda n: evaluate.T_975[n - 2] if n - 1 <= len(evaluate.T_975) else 1.96   # t_0.975(n − 1)
-            need = next(n for n in range(2, 10_000) if t(n) * sd / n ** 0.5 <= 0.008)
+            need = evaluate.seeds_for(sd, 0.008)
             print(f"{g} − GRPO: {len(diffs)} seeds, sd of paired macro differences {sd:.4f}, "
                   f"half-width {(p['macro'][2] - p['macro'][1]) / 2:.4f}; seeds for half-width 0.008: {need}")
     rest = [t[1] for t in times.values()]

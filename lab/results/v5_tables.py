@@ -110,7 +110,7 @@ def headline(records):
     if not p:
         return "no seed has both GRPO and EviSD yet"
     mean, low, high, sd, half = paired_line(p)
-    need = seeds_for(sd, 0.008)
+    need = evaluate.seeds_for(sd, 0.008)
     lines = [f"EviSD − GRPO, held-out macro EM, {len(p['seeds'])} seeds: "
              f"{fmt_interval(mean, low, high)} → **{decide(mean, low, high)}**; paired sd "
              f"{_f(sd)}, half-width reached {_f(half)} (±0.008 would need about {need} seeds at "
@@ -120,18 +120,6 @@ def headline(records):
         if k in p["intervals"]:
             lines.append(f"| {k} | {fmt_interval(*p['intervals'][k])} |")
     return "\n".join(lines)
-
-
-def seeds_for(sd, half_width):
-    """The fewest paired seeds n whose 95% t-interval, t_0.975(n-1) * sd / sqrt(n), is at most
-    ``half_width`` at this sd (the protocol's power line, solved the other way)."""
-    if not sd:
-        return "–"
-    n = 2
-    while (evaluate.T_975[n - 2] if n - 1 <= len(evaluate.T_975) else 1.96) * sd \
-            / math.sqrt(n) > half_width:
-        n += 1
-    return n
 
 
 def other_measures(records):
@@ -213,7 +201,7 @@ def ablation(records):
         g = vs_grpo.get(group)
         lines.append(f"| {what} | `{override}` | {_f(paper, '+.1f')} | {len(p['seeds'])} | "
                      f"{fmt_interval(m, lo, hi)} | {_f(sd)} | {_f(half)} | "
-                     f"{seeds_for(sd, 0.015)} | "
+                     f"{evaluate.seeds_for(sd, 0.015)} | "
                      f"{decide(m, lo, hi).replace('helps', 'better').replace('hurts', 'worse')}"
                      f" | {inside} | {fmt_interval(*g['intervals']['macro']) if g else '–'} |")
     return "\n".join(lines)

@@ -45,7 +45,7 @@ def test_headline_is_the_paired_records(tables, records):
     mean, low, high = p["macro"]
     assert p["seeds"] == seeds
     assert mean == pytest.approx(statistics.mean(diffs), abs=1e-12)
-    half = evaluate.T_975[len(seeds) - 2] * statistics.stdev(diffs) / math.sqrt(len(seeds))
+    half = evaluate.t_975(len(seeds) - 1) * statistics.stdev(diffs) / math.sqrt(len(seeds))
     assert (low, high) == pytest.approx((mean - half, mean + half), abs=1e-12)
 
 
@@ -64,8 +64,8 @@ def test_points_and_decisions(tables):
     assert tables.decide(0.01, 0.001, 0.02) == "helps"
     assert tables.decide(0.0, -0.01, 0.01) == "no difference detected"
     # 10 seeds at v3's sd 0.0207 reach the protocol's planned ±0.015 (t_9 · 0.0207 / √10).
-    assert tables.seeds_for(0.0207, 0.0149) == 10
-    assert tables.seeds_for(0.0207, 0.0147) == 11
+    assert evaluate.seeds_for(0.0207, 0.0149) == 10
+    assert evaluate.seeds_for(0.0207, 0.0147) == 11
 
 
 def test_readme_ours_column_is_the_records(tables, records):
