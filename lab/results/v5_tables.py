@@ -13,7 +13,6 @@ whether the paper's figure (points / 100) lies inside; each group's own EM; lear
 """
 import glob
 import json
-import math
 import os
 import shutil
 import statistics

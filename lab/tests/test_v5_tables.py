@@ -63,6 +63,8 @@ def test_points_and_decisions(tables):
     assert tables.decide(-0.01, -0.02, -0.001) == "hurts"
     assert tables.decide(0.01, 0.001, 0.02) == "helps"
     assert tables.decide(0.0, -0.01, 0.01) == "no difference detected"
+    # Student's t_0.975 from its table (1, 9, 29 degrees of freedom), then the normal's.
+    assert [evaluate.t_975(d) for d in (1, 9, 29, 40)] == [12.706, 2.262, 2.045, 1.96]
     # 10 seeds at v3's sd 0.0207 reach the protocol's planned ±0.015 (t_9 · 0.0207 / √10).
     assert evaluate.seeds_for(0.0207, 0.0149) == 10
     assert evaluate.seeds_for(0.0207, 0.0147) == 11
