@@ -1,4 +1,5 @@
-"""Benchmark v3's tables (lab/results/results-v3.md) from the protocol's outputs (lab/results/protocol-v3.sh).
+"""Benchmark v3's tables (lab/results/results-v3.md) from the protocol's outputs
+(lab/results/protocol-v3.sh).
 
     python lab/results/v3_tables.py [lab/results/results-v3.json] [out/v3]
 
@@ -46,13 +47,15 @@ def per_seed_table(rows, times):
     by = {(r["group"], r["seed"]): r for r in rows}
     seeds = sorted({s for g, s in by if g == "grpo"})
     cols = ["macro", "hop1", "hop2"] + list(curves.SPEED_KEYS)
-    head = "| seed | warm-up macro | " + " | ".join(f"{c} G / E" for c in cols) + " | run s G / E (warm-up s) |"
+    head = ("| seed | warm-up macro | " + " | ".join(f"{c} G / E" for c in cols)
+            + " | run s G / E (warm-up s) |")
     lines = [head, "|---" * (len(cols) + 3) + "|"]
+    spec = {c: ".3g" if "clear" in c else ".3f" for c in cols}   # clear steps are whole numbers
     for s in seeds:
         g, e = by[("grpo", s)], by.get(("evisd", s))
         if e is None:
             continue
-        cells = [f"{fmt(g[c], '.3g' if 'clear' in c else '.3f')} / {fmt(e[c], '.3g' if 'clear' in c else '.3f')}" for c in cols]
+        cells = [f"{fmt(g[c], spec[c])} / {fmt(e[c], spec[c])}" for c in cols]
         tg, te = times.get(f"grpo-s{s}", (None, None)), times.get(f"evisd-s{s}", (None, None))
         lines.append(f"| {s} | {fmt(g['warmup_macro'])} | " + " | ".join(cells) +
                      f" | {fmt(tg[1], '.0f')} / {fmt(te[1], '.0f')} ({fmt(tg[0], '.0f')}) |")
@@ -63,11 +66,14 @@ def dose_table(rows, paired):
     """The paired differences from GRPO of each EviSD group, over the seeds the eps runs share."""
     groups = [g for g in ("evisd", "evisd-eps0.5", "evisd-eps1.0") if g in paired]
     seeds = sorted(set.intersection(*(set(paired[g]["seeds"]) for g in groups)))
-    shared = evaluate.paired_differences([r for r in rows if r["seed"] in seeds])   # paired on those seeds only
-    lines = [f"| measure (− GRPO, seeds {', '.join(map(str, seeds))}) | " + " | ".join(groups) + " |",
+    # The eps runs cover only some seeds: every group is paired on those alone.
+    shared = evaluate.paired_differences([r for r in rows if r["seed"] in seeds])
+    lines = [f"| measure (− GRPO, seeds {', '.join(map(str, seeds))}) | "
+             + " | ".join(groups) + " |",
              "|---" * (len(groups) + 1) + "|"]
     for k in evaluate.PAIRED_KEYS:
-        cells = [evaluate._interval(*shared[g]["intervals"][k]) if k in shared[g]["intervals"] else "–" for g in groups]
+        cells = [evaluate._interval(*shared[g]["intervals"][k])
+                 if k in shared[g]["intervals"] else "–" for g in groups]
         lines.append(f"| {k} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
@@ -86,7 +92,8 @@ def main(argv):
             sd = statistics.stdev(diffs)
             need = evaluate.seeds_for(sd, 0.008)
             print(f"{g} − GRPO: {len(diffs)} seeds, sd of paired macro differences {sd:.4f}, "
-                  f"half-width {(p['macro'][2] - p['macro'][1]) / 2:.4f}; seeds for half-width 0.008: {need}")
+                  f"half-width {(p['macro'][2] - p['macro'][1]) / 2:.4f}; "
+                  f"seeds for half-width 0.008: {need}")
     rest = [t[1] for t in times.values()]
     if rest:
         print(f"\nwhole runs: {min(rest):.0f}-{max(rest):.0f} s, total {sum(rest) / 60:.1f} min")
