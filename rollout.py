@@ -1,9 +1,8 @@
 """Rollouts: multi-turn search episodes played in batches, and their transcripts.
 
 * ``rollout`` plays ``len(envs)`` episodes as one batch per turn: the policy writes a turn (HF
-  ``generate`` by default; train.DECODE can pick fast_decode.py's loop), the turn is cut after
-  its first ``</search>`` or ``</answer>``, its text goes to the episode's env
-  (search_env.SearchEnv), and the observation is appended.
+  ``generate``), the turn is cut after its first ``</search>`` or ``</answer>``, its text goes
+  to the episode's env (search_env.SearchEnv), and the observation is appended.
 * ``Transcript`` collects one episode's token ids and masks turn by turn; when a turn is cut, it
   records where its action and its content lie (``Span``), from the character offsets the env's
   parser found (search_env.parse_action). Nothing later decodes a span again to find them.
@@ -14,25 +13,16 @@ the policy drew. A tag may be one token (the embedded tokenizer) or several (a p
 a token that holds part of a tag counts as the tag's.
 """
 import bisect
-import inspect
 from dataclasses import dataclass
 from typing import NamedTuple
 
 import torch
-from transformers import DynamicCache, GenerationConfig, GenerationMixin
+from transformers import GenerationConfig
 
-import fast_decode
 from model import render_prompt
-from search_env import ANSWER, SEARCH, STOP_STRINGS, parse_action, step_all, stop_end
+from search_env import ANSWER, SEARCH, STOP_STRINGS, parse_action, stop_end
 
 KIND_IDS = {"search": 1, "answer": 2}  # values of action_kind; 0 = not inside an action
-# rollout's decode paths (train.DECODE): HF generate once per turn (the default, the one to
-# read), or fast_decode.py's own loop over a pre-allocated KV cache, plain or compiled
-DECODES = ("generate", "static", "compiled")
-# generate's KV-cache argument: renamed from past_key_values to cache in transformers 5.x.
-CACHE_KWARG = ("cache" if "cache" in inspect.signature(
-                   GenerationMixin.prepare_inputs_for_generation).parameters
-               else "past_key_values")
 
 
 # ----------------------------------------------------------------------------- transcripts
@@ -162,95 +152,57 @@ class Rollouts:
 
 
 @torch.no_grad()
-def rollout(policy, tokenizer, envs, max_new_tokens=64, temperature=1.0, greedy=False,
-            decode="generate"):
+def rollout(policy, tokenizer, envs, max_new_tokens=64, temperature=1.0, greedy=False):
     """Play one episode per env (search_env.episodes: each question GROUP_SIZE times in a row),
     one batched turn at a time, for at most the envs' ``max_turns`` turns.
 
-    Each sequence stops at ``</search>``, ``</answer>`` or eos; its turn ends with the token
-    that completes the stop string, the text goes to its env, and the observation's ids are
-    appended. One KV cache lives across turns, so a turn prefills only what is new: the tokens a
-    sequence would have written after its stop, and each observation's left padding, stay in
-    the batch as masked holes. That is safe because positions come from the mask's running
-    sum, so a sequence sees the positions of its right-padded transcript in training.
-    Finished episodes leave the batch and the cache. No old-policy log-probs: with one batch per
-    update they come free from the policy's forward in train.rl_step.
-
-    ``decode`` (train.DECODE): "generate", HF ``generate`` once per turn; "static" or
-    "compiled", fast_decode.py's loop, which samples the tokens generate samples for a seed
-    (tests/test_fast_decode.py; a compiled step's fused kernels may round apart).
+    Each turn, HF ``generate`` reads every unfinished transcript (left-padded, so all rows end
+    together) and samples until ``</search>``, ``</answer>`` or eos; the turn is cut after the
+    token that completes the stop string, its text goes to the episode's env, and the env's
+    observation is appended. No old-policy log-probs: with one batch per update they come free
+    from the policy's forward in train.rl_step.
     """
-    if decode not in DECODES:
-        raise ValueError(f"unknown decode {decode!r}; allowed: {DECODES}")
     device = next(policy.parameters()).device
     pad_id = tokenizer.pad_token_id
     # eos, and any other end-of-text id the model's own generation config lists (Qwen: two)
     model_eos = getattr(getattr(policy, "generation_config", None), "eos_token_id", None)
     eos_ids = {tokenizer.eos_token_id,
                *(model_eos if isinstance(model_eos, list) else [model_eos])} - {None}
-    if decode == "generate":
-        # Every sampling knob is pinned: generate fills unset ones from the model's own
-        # generation_config (an instruct model ships top_k, top_p, repetition_penalty), and the
-        # loss needs the tokens drawn from softmax(logits / temperature) alone.
-        gen_config = GenerationConfig(
-            max_new_tokens=max_new_tokens, do_sample=not greedy,
-            temperature=temperature if not greedy else None, top_k=0 if not greedy else None,
-            top_p=1.0 if not greedy else None, repetition_penalty=1.0,
-            stop_strings=list(STOP_STRINGS), eos_token_id=sorted(eos_ids), pad_token_id=pad_id)
-        cache = DynamicCache()
-    else:
-        fast = fast_decode.TurnDecoder(policy, tokenizer, eos_ids, len(envs), max_new_tokens,
-                                       temperature, greedy, compiled=decode == "compiled")
-        cache = fast.cache
+    # Every sampling knob is pinned: generate fills unset ones from the model's own
+    # generation_config (an instruct model ships top_k, top_p, repetition_penalty), and the
+    # loss needs the tokens drawn from softmax(logits / temperature) alone.
+    gen_config = GenerationConfig(
+        max_new_tokens=max_new_tokens, do_sample=not greedy,
+        temperature=temperature if not greedy else None, top_k=0 if not greedy else None,
+        top_p=1.0 if not greedy else None, repetition_penalty=1.0,
+        stop_strings=list(STOP_STRINGS), eos_token_id=sorted(eos_ids), pad_token_id=pad_id)
     questions = [env.question for env in envs]
     transcripts = [Transcript(tokenizer.encode(render_prompt(tokenizer, q),
                                                add_special_tokens=False))
                    for q in questions]
     turn_texts = [[] for _ in envs]
-    # [B, L], left-padded: row r plays episode rows[r]
-    ids = pad([t.ids for t in transcripts], pad_id, left=True)
-    mask = pad([[1] * len(t.ids) for t in transcripts], 0, left=True)
-    rows = list(range(len(envs)))
     was_training = policy.training
     policy.eval()
     for turn in range(max(env.max_turns for env in envs)):
-        if decode == "generate":
-            out = policy.generate(input_ids=ids.to(device), attention_mask=mask.to(device),
-                                  tokenizer=tokenizer, generation_config=gen_config,
-                                  **{CACHE_KWARG: cache}).cpu()
-            new = out[:, ids.shape[1]:]
-            cuts = [cut_turn(tokenizer, new[r].tolist(), eos_ids, pad_id)
-                    for r in range(len(rows))]
-        else:
-            new, cuts = fast.decode_turn(ids, mask)
-            out = torch.cat([ids, new], dim=1)
-        kept = torch.zeros_like(new)          # 1 where a generated token belongs to its transcript
-        observations = []
-        # one retrieval call per turn
-        results = step_all([envs[i] for i in rows], [text for _, text in cuts])
-        for r, (i, (tokens, text), result) in enumerate(zip(rows, cuts, results)):
-            kept[r, :len(tokens)] = 1
+        rows = [i for i, env in enumerate(envs) if not env.done]   # the unfinished episodes
+        if not rows:
+            break
+        ids = pad([transcripts[i].ids for i in rows], pad_id, left=True)          # [B, L]
+        mask = pad([[1] * len(transcripts[i].ids) for i in rows], 0, left=True)   # [B, L]
+        out = policy.generate(input_ids=ids.to(device), attention_mask=mask.to(device),
+                              tokenizer=tokenizer, generation_config=gen_config).cpu()
+        for i, new in zip(rows, out[:, ids.shape[1]:].tolist()):
+            tokens, text = cut_turn(tokenizer, new, eos_ids, pad_id)
+            result = envs[i].step(text)
             turn_texts[i].append(text)
             # The env parsed the action: its tags' offsets become token ranges, once, here.
             transcripts[i].add_turn(tokens, result.action.kind, turn,
                                     action_ranges(tokenizer, tokens, text, result.action))
-            obs = (tokenizer.encode(result.observation, add_special_tokens=False)
-                   if result.observation else [])
-            transcripts[i].add_observation(obs)
-            observations.append(obs)
-        going = [r for r, i in enumerate(rows) if not envs[i].done]
-        if not going:
-            break
-        obs_ids = pad([observations[r] for r in going], pad_id, left=True)
-        obs_mask = pad([[1] * len(observations[r]) for r in going], 0, left=True)
-        ids = torch.cat([out[going], obs_ids], dim=1)
-        mask = torch.cat([mask[going], kept[going], obs_mask], dim=1)
-        if len(going) < len(rows):
-            cache.batch_select_indices(torch.tensor(going, device=device))
-        rows = [rows[r] for r in going]
+            if result.observation:
+                transcripts[i].add_observation(
+                    tokenizer.encode(result.observation, add_special_tokens=False))
     policy.train(was_training)
-    batch = collate(transcripts, pad_id)
-    return Rollouts(**batch, rewards=torch.tensor([e.reward for e in envs]),
+    return Rollouts(**collate(transcripts, pad_id), rewards=torch.tensor([e.reward for e in envs]),
                     answers=[e.answer for e in envs], turns=torch.tensor([e.turns for e in envs]),
                     questions=questions, turn_texts=turn_texts)
 

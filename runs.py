@@ -380,8 +380,7 @@ def open_run(cfg, resume, overwrite, run_keys, rank):
                              f"shape than today's model.SIZES {want}: start a new run in another "
                              "OUT_DIR, or resume with the code that wrote it.")
     elif resume and rank == 0:
-        print(f"--resume: no readable checkpoint in {out}; starting again from the warm-up (the "
-              f"rows logged so far move to {RESTARTED_LOG})")
+        print(f"--resume: no readable checkpoint in {out}; starting again from the warm-up")
     os.makedirs(out, exist_ok=True)
     return resumed
 
@@ -421,14 +420,11 @@ def check_resume_config(saved, cfg, ckpt, run_keys, rank):
 
 
 # ----------------------------------------------------------------------------- the metrics log
-RESTARTED_LOG = "metrics-restarted.jsonl"   # a run resumed with no checkpoint: its earlier rows
-
-
 def read_metrics(run_dir):
     """The rows of a run's metrics.jsonl. A line that is not a JSON row with a step (the torn
     last line of a run killed mid-write) is dropped with a one-line warning; the rest are kept.
-    A step lower than the row before it marks a restart from the warm-up, logged after the
-    earlier attempt's rows by code before 2026-12-06: only the last attempt's rows are kept."""
+    A step lower than the row before it marks a log that an attempt started again after an
+    earlier one's rows (older code did): only the last attempt's rows are kept."""
     path = os.path.join(run_dir, "metrics.jsonl")
     if not os.path.exists(path):
         return []
@@ -446,28 +442,32 @@ def read_metrics(run_dir):
     if bad:
         print(f"warning: {path}: dropped {len(bad)} unreadable line(s), the first is line {bad[0]} "
               "(a write cut short leaves one)", file=sys.stderr)
+    return last_attempt(rows, path)
+
+
+def last_attempt(rows, where):
+    """The rows of a run's log from its last start on: a step lower than the row before it marks
+    an attempt logged after an earlier one's rows (older code did; lab/records.py's packs keep
+    such a log whole). ``where`` names the log in the warning."""
     restarts = [i for i in range(1, len(rows)) if rows[i]["step"] < rows[i - 1]["step"]]
     if restarts:
-        print(f"warning: {path}: the run restarted from the warm-up; the {restarts[-1]} rows "
+        print(f"warning: {where}: the run restarted from the warm-up; the {restarts[-1]} rows "
               "before its last start are not read", file=sys.stderr)
         rows = rows[restarts[-1]:]
     return rows
 
 
 def start_metrics(run_dir, resume, start, cfg):
-    """Write the run's config.json and begin its metrics.jsonl: --resume keeps the rows up to the
-    checkpoint it continues from, less any unreadable line; a fresh run starts empty. A run
-    resumed with no checkpoint starts again from the warm-up: the rows it logged move to
-    RESTARTED_LOG, so that the log holds one run's steps once. Rewritten under another name,
-    then renamed, so that no kill can leave it half-written."""
+    """Write the run's config.json and begin its metrics.jsonl. A fresh run starts it empty;
+    --resume from step ``start`` keeps exactly the rows the resumed loop will not log again: the
+    steps before ``start`` and the quick check at ``start`` (logged again only when ``start`` is
+    0, a resume with no checkpoint). Rewritten under another name, then renamed, so that no
+    kill can leave it half-written."""
     with open(os.path.join(run_dir, "config.json"), "w") as f:
         json.dump(cfg, f, indent=1)
     path = os.path.join(run_dir, "metrics.jsonl")
-    kept = read_metrics(run_dir) if resume else []
-    if resume and not start and kept:
-        os.replace(path, os.path.join(run_dir, RESTARTED_LOG))
-        kept = []   # the step-0 quick check is logged again too
-    kept = [r for r in kept if r["step"] < start or (r["step"] == start and r.get("eval"))]
+    kept = [r for r in (read_metrics(run_dir) if resume else [])
+            if r["step"] < start or (r["step"] == start > 0 and r.get("eval"))]
     with open(path + ".tmp", "w") as f:
         f.writelines(json.dumps(r) + "\n" for r in kept)
     os.replace(path + ".tmp", path)

@@ -74,26 +74,26 @@ CLIP_EPS = 0.2
 PPO_EPOCHS = 1               # with 1, the ratio is exactly 1 and the clip never acts
 GRAD_CLIP = 1.0
 MAX_NEW_TOKENS = 48          # per turn
-TEMPERATURE = 0.5            # rollouts; the tiny model's sampled reward is 0.12 at 1.0, 0.30 at 0.5
-# EviSD (evisd.py): Â = A + lambda * |A| * m * tanh(tau * gap), the paper's defaults. Each row of
-# the paper's ablation table (7B, macro EM 50.8; one run each) is one constant below.
+TEMPERATURE = 0.5            # rollouts and the teacher's scores (below 1: the tiny model's
+                             # samples are sharper; docs/design-notes.md)
+# EviSD (evisd.py reads these by name): Â = A + lambda * |A| * m * tanh(tau * gap), the paper's
+# defaults. Each row of the paper's ablation table is one constant; the allowed values of the
+# string ones are evisd.CHOICES.
 EVISD_LAMBDA = 0.2           # the correction's bound as a fraction of |A| (< 1: no sign flip)
-EVISD_TAU = 5.0              # the gap's scale inside tanh. The gap is taken at TEMPERATURE:
-                             # at 0.5 its mean size is twice its T = 1 value (seed 0's warm-up:
-                             # 1.9x on searches, 2.0x on answers), so tau = 5 here acts as
-                             # tau = 10 would at the paper's T = 1 (lab/results/gap-temperature.md)
+EVISD_TAU = 5.0              # the gap's scale inside tanh; the gap is taken at TEMPERATURE, which
+                             # doubles its size here (docs/design-notes.md)
 EVISD_SPAN = "content"       # m: "content": the query/answer (the paper's) | "action": and the
-                             # tags | "response": every generated token (paper's row: -7.1)
+                             # tags (ours) | "response": every generated token (paper's row -7.1)
 EVISD_FORM = "bounded"       # "bounded": modulate A (the paper's) | "gated_loss": plain A plus a
-                             # response-wide gated distillation loss (paper's row: -5.8)
+                             # gated distillation loss; with EVISD_SPAN="response" (row -5.8)
 EVISD_GATE_COEF = 0.01       # the gated loss's coefficient (ours: SDAR's lambda)
 USE_SEARCH_EVIDENCE = True   # search actions read the gold evidence; False: only answer actions
-                             # are re-scored and corrected (answer-only privilege, row: -2.1)
+                             # are re-scored and corrected (answer-only privilege, row -2.1)
 USE_ANSWER_PRIVILEGE = True  # the answer action reads the golden answer
 TEACHER_CONTEXT = "aligned"  # "aligned": each action kind reads only its own block (the paper's)
-                             # | "shared": one evidence+answer block for every action (row: -0.2)
-EVIDENCE_AT = "every"        # "every": a block before each action scored | "first": once
-ANSWER_AT = "content"        # "content": answer block after the opening <answer> | "tag": before it
+                             # | "shared": one evidence+answer block for every action (row -0.2)
+EVIDENCE_AT = "every"        # ours: "every": a block before each search scored | "first": once
+ANSWER_AT = "content"        # ours: the answer block after the opening <answer> | "tag": before
 # real data, in the lab (lab/real_data.py, docs/real-data.md): "toy" is the world above
 DATA = "toy"                 # "toy" | "hotpotqa" | "2wiki" | "musique" | "jsonl" (Search-R1's)
 DATA_TRAIN = ""              # RL questions: hotpot_train_v1.1.json, nq/train.jsonl, ...
@@ -115,16 +115,18 @@ DEVICE = "auto"              # "auto" (CUDA if there is one) | "cpu" | "cuda" | 
 DTYPE = "auto"               # "auto" (bf16 on CUDA if supported, else float32) | "float32" |
                              # "bfloat16" (autocast, on the CPU too: the GPU's path, checked here)
 GRADIENT_CHECKPOINTING = False  # recompute activations in backward: memory for real models
-DECODE = "generate"          # rollouts: "generate" (HF, once per turn) | "static" (fast_decode.py:
-                             # own loop, KV cache allocated once) | "compiled" (its step compiled)
+DECODE = "generate"          # rollouts: "generate" (rollout.py: HF, once per turn) | the lab's
+                             # "static" | "compiled" (lab/fast_decode.py: a KV cache across turns)
 MAX_BAD_STEPS = 5            # consecutive non-finite losses before stopping
+MEASURE = False              # the lab's per-step measurement (lab/measure.py): the oracle's
+                             # label shares and the teacher's gap statistics, for benchmarks
 
 CONFIG_KEYS = [k for k, v in list(globals().items())
                if k.isupper() and isinstance(v, (int, float, bool, str))]
 DEFAULTS = {k: globals()[k] for k in CONFIG_KEYS}
 # A checkpoint resumed under other values of these would be another experiment spliced onto this
 # one, so --resume refuses; any other setting (RL_STEPS, EVAL_EVERY, DEVICE, ...) may change.
-RUN_KEYS = warmup.KEYS + ("METHOD", "FRESH_WORLDS")
+RUN_KEYS = warmup.KEYS + ("METHOD", "FRESH_WORLDS") + evisd.KNOBS
 # The peers' credit rules (lab/peers.py), for comparison: each turns the same teacher's gap into
 # credit in its paper's form.
 PEERS = ("rlsd", "opsd", "sdar", "sd_search", "bicaa")
@@ -137,12 +139,25 @@ def check_data(cfg):
         runs.lab("real_data", f"DATA={cfg['DATA']!r}").check_config(cfg)
 
 
+def unread_settings(cfg):
+    """The settings changed from their defaults that another setting leaves without effect, as
+    "NAME=value (under OTHER=value)" strings: train.main names them before any work."""
+    unread = {}
+    if cfg["METHOD"] == "grpo":
+        unread.update(dict.fromkeys(evisd.KNOBS, "METHOD"))
+    elif cfg["METHOD"] == "evisd":
+        unread["EVISD_GATE_COEF" if cfg["EVISD_FORM"] == "bounded" else "EVISD_LAMBDA"] = \
+            "EVISD_FORM"
+        if not cfg["USE_SEARCH_EVIDENCE"]:
+            unread["EVIDENCE_AT"] = "USE_SEARCH_EVIDENCE"
+    return [f"{k}={cfg[k]!r} (under {why}={cfg[why]!r})" for k, why in unread.items()
+            if cfg[k] != DEFAULTS[k]]
+
+
 SCHEMA = runs.Schema(
-    choices={"METHOD": ("evisd", "grpo") + PEERS, "EVIDENCE_AT": ("first", "every"),
-             "ANSWER_AT": ("tag", "content"), "EVISD_SPAN": ("content", "action", "response"),
-             "EVISD_FORM": ("bounded", "gated_loss"), "TEACHER_CONTEXT": ("aligned", "shared"),
+    choices={"METHOD": ("evisd", "grpo") + PEERS,
              "DTYPE": ("auto", "float32", "bfloat16", "float16"),    # float16: refused below
-             "DECODE": rollout.DECODES,
+             "DECODE": ("generate", "static", "compiled"),
              "DATA": ("toy", "hotpotqa", "2wiki", "musique", "jsonl"),
              "EVIDENCE": ("auto", "sentences", "paragraphs", "answer_passages",
                           "answer_only")},
@@ -169,21 +184,12 @@ SCHEMA = runs.Schema(
     # 0.5M random weights.
     auto={"SFT_LR": (3e-3, 1e-5), "LR": (2e-4, 1e-6), "SFT_PRIVILEGED_FRAC": (0.3, 0.0),
           "SFT_CONTEXT_LOSS": (1.0, 0.0), "SFT_REPEAT_STEPS": (300, 0)},
-    checks=(check_data,))
+    checks=(check_data, evisd.check_config))
 
 
 def configure(argv):
     """(config, resume, overwrite) from the command line, every setting checked (runs.py)."""
     return runs.parse_overrides(argv, DEFAULTS, SCHEMA)
-
-
-def evisd_settings(cfg):
-    """The EviSD block of the config as evisd.Settings."""
-    return evisd.Settings(evidence=cfg["USE_SEARCH_EVIDENCE"], answer=cfg["USE_ANSWER_PRIVILEGE"],
-                          context=cfg["TEACHER_CONTEXT"], evidence_at=cfg["EVIDENCE_AT"],
-                          answer_at=cfg["ANSWER_AT"], span=cfg["EVISD_SPAN"],
-                          form=cfg["EVISD_FORM"], lam=cfg["EVISD_LAMBDA"], tau=cfg["EVISD_TAU"],
-                          gate_coef=cfg["EVISD_GATE_COEF"], temperature=cfg["TEMPERATURE"])
 
 
 def step_world(cfg, step):
@@ -199,8 +205,8 @@ def step_world(cfg, step):
 def rl_step(cfg, step, world, policy, reference, tokenizer, optimizer):
     """One step of GRPO or EviSD on QUESTIONS_PER_STEP x GROUP_SIZE = N episodes of ``world``
     (step_world; this rank's share under torchrun). ``reference`` is the frozen warm-up model of
-    the KL term, or None. Returns (metrics, record): ``record`` holds what the loop measures
-    beside the step."""
+    the KL term, or None. Returns (metrics, record): ``record`` holds the step's tensors, for
+    the lab's measurement (MEASURE)."""
     t0 = time.perf_counter()
     device, dtype = next(policy.parameters()).device, getattr(torch, cfg["DTYPE"])
     rank, world_size = runs.rank_and_size()
@@ -211,9 +217,10 @@ def rl_step(cfg, step, world, policy, reference, tokenizer, optimizer):
     questions = random.Random(f"rl-batch/{cfg['SEED']}/{step}").sample(
         world.split("train"), cfg["QUESTIONS_PER_STEP"])[rank::world_size]
     envs = search_env.episodes(world, questions, cfg["GROUP_SIZE"], cfg["MAX_TURNS"], cfg["TOP_K"])
+    play = rollout.rollout if cfg["DECODE"] == "generate" else runs.lab(
+        "fast_decode", f"DECODE={cfg['DECODE']!r}").decoder(cfg["DECODE"])
     with model.autocast(device, dtype):
-        r = rollout.rollout(policy, tokenizer, envs, cfg["MAX_NEW_TOKENS"], cfg["TEMPERATURE"],
-                            decode=cfg["DECODE"])
+        r = play(policy, tokenizer, envs, cfg["MAX_NEW_TOKENS"], cfg["TEMPERATURE"])
     t_rollout = time.perf_counter() - t0
     ids, attention = r.input_ids.to(device), r.attention_mask.to(device)   # [N, T]
     gen_mask = r.gen_mask.to(device)       # [N, T] model-written tokens: the loss mask
@@ -240,14 +247,14 @@ def rl_step(cfg, step, world, policy, reference, tokenizer, optimizer):
     # 4. Token advantages. GRPO: every generated token carries its episode's A. EviSD: the same
     #    policy re-scores each action under its own privileged context (the evidence for a
     #    search, the golden answer for the answer), and the gap corrects the A of the action's
-    #    content tokens by at most 0.2 |A|, never flipping its sign (evisd.py).
+    #    content tokens by at most EVISD_LAMBDA |A|, never flipping its sign (evisd.py).
     token_adv = adv[:, None] * gen_mask                                     # [N, T]
     teacher_logp, t_teacher, extra_loss = old_logp, 0.0, None
     t1 = time.perf_counter()
     if cfg["METHOD"] == "evisd":
         with model.autocast(device, dtype):
             token_adv, teacher_logp, extra_loss = evisd.credit(
-                policy, tokenizer, world, r, adv, old_logp, evisd_settings(cfg))   # [N, T] each
+                policy, tokenizer, world, r, adv, old_logp, cfg)   # [N, T] each
     elif cfg["METHOD"] in PEERS:   # the lab's comparison: the same gap, a peer's form of credit
         peers = runs.lab("peers", f"METHOD={cfg['METHOD']!r}")
         with model.autocast(device, dtype):
@@ -281,9 +288,12 @@ def rl_step(cfg, step, world, policy, reference, tokenizer, optimizer):
         torch.nn.utils.clip_grad_norm_(policy.parameters(), cfg["GRAD_CLIP"])
         optimizer.step()
 
+    # The share of generated tokens whose advantage the teacher moved: 0 under GRPO.
+    gen_tokens = int(r.gen_mask.sum())
+    moved = ((token_adv != adv[:, None]) & gen_mask.bool()).sum().item() / max(gen_tokens, 1)
     metrics = dict(stats, reward=rewards.mean().item(), loss=loss.item(),
                    turns=r.turns.float().mean().item(), tokens=int(r.attention_mask.sum()),
-                   gen_tokens=int(r.gen_mask.sum()), teacher_s=t_teacher,
+                   gen_tokens=gen_tokens, teacher_s=t_teacher, modulated_frac=moved,
                    answered=sum(a is not None for a in r.answers) / len(r.answers),
                    step=step, step_s=time.perf_counter() - t0, rollout_s=t_rollout)
     metrics["em"] = metrics["reward"]   # the reward is exact match
@@ -292,22 +302,7 @@ def rl_step(cfg, step, world, policy, reference, tokenizer, optimizer):
     return metrics, record
 
 
-def measure_beside(cfg, record):
-    """What the loop logs about a step beyond its loss: the oracle's label shares (what the
-    policy does: premature answers, partial searches, ...; lab/curves.py reads their speed)
-    and, for EviSD and its peers, the statistics of the teacher's gap."""
-    r, world = record["rollouts"], record["world"]
-    labels = [world.oracle_labels(q, turns, cfg["TOP_K"])
-              for q, turns in zip(r.questions, r.turn_texts)]
-    out = toy_world.label_shares(labels)
-    if cfg["METHOD"] != "grpo":
-        out.update(evisd.gap_stats(record["adv"], record["gap"], record["token_adv"],
-                                   r.gen_mask.to(record["adv"].device),
-                                   r.action_kind.to(record["adv"].device)))
-    return out
-
-
-# Averaged over ranks under torchrun; the gap statistics and label shares stay rank 0's.
+# Averaged over ranks under torchrun; the lab's measurements stay rank 0's.
 REDUCED = ("reward", "em", "loss", "kl", "clip_frac", "ratio", "turns", "answered", "tokens",
            "gen_tokens", "modulated_frac")
 
@@ -344,6 +339,8 @@ def main(argv):
     resumed = runs.open_run(cfg, resume, overwrite, RUN_KEYS, rank)   # (path, model, tok, state)
     if rank == 0:
         print(json.dumps(cfg))
+        if unread_settings(cfg):
+            print(f"note: without effect: {', '.join(unread_settings(cfg))}")
 
     # 1. The model, 2. the supervised warm-up (cached: the GRPO and EviSD runs of a seed share it).
     policy, tokenizer = build_policy(cfg, device)
@@ -382,7 +379,8 @@ def main(argv):
         for step in bar:
             world = step_world(cfg, step)      # the step's data: a fresh toy world, or real data
             metrics, record = rl_step(cfg, step, world, policy, reference, tokenizer, optimizer)
-            metrics.update(measure_beside(cfg, record))
+            if cfg["MEASURE"]:   # the lab's switch: what a benchmark measures beside the step
+                metrics.update(runs.lab("measure", "MEASURE=True").measure(cfg, record))
             if world_size > 1:
                 runs.average_over_ranks(metrics, REDUCED, device)
             bad_steps = bad_steps + 1 if metrics.get("nonfinite_loss") else 0

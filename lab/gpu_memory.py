@@ -20,7 +20,7 @@ sys.path.insert(0, ROOT)
 import torch  # noqa: E402
 from transformers import Qwen2Config, Qwen2ForCausalLM  # noqa: E402
 
-import evisd  # noqa: E402
+from lab import measure  # noqa: E402
 import model  # noqa: E402
 import rollout  # noqa: E402
 import runs  # noqa: E402
@@ -121,7 +121,7 @@ def probe_memory(shape, checkpointing, dry, path):
             if cuda:
                 torch.cuda.synchronize()
             seconds.append(round(time.perf_counter() - t0, 2))
-    metrics.update(evisd.gap_stats(record["adv"], record["gap"], record["token_adv"],
+    metrics.update(measure.gap_stats(record["adv"], record["gap"], record["token_adv"],
                                    batch.gen_mask.to(device), batch.action_kind.to(device)))
     params = sum(p.numel() for p in lm.parameters())
     hidden, layers, mlp = (SHAPES[shape]["hidden_size"], SHAPES[shape]["num_hidden_layers"],

@@ -155,7 +155,7 @@ def credit(cfg, step, policy, tokenizer, world, rollouts, adv, student_logp):
     [N, T], extra_loss) where extra_loss(policy, logp) is the rule's term beside the clipped
     surrogate (SDAR, SD-Search) or None."""
     method = cfg["METHOD"]
-    settings = train.evisd_settings(cfg)
+    settings = cfg   # the teacher's context: EviSD's constants (evisd.py)
     device = adv.device
     gen_mask = rollouts.gen_mask.to(device)
     mask = evisd.correction_mask(rollouts, settings).to(device)

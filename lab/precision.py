@@ -43,7 +43,7 @@ def batch_scores(policy, tokenizer, world, r, adv, settings, dtype):
     device = next(policy.parameters()).device
     with torch.no_grad(), model.autocast(device, dtype):
         lp_s = model.token_logprobs(policy, r.input_ids.to(device), r.attention_mask.to(device),
-                                    r.gen_mask.to(device), temperature=settings.temperature)
+                                    r.gen_mask.to(device), temperature=settings["TEMPERATURE"])
         token_adv, lp_t, _ = evisd.credit(policy, tokenizer, world, r, adv.to(device), lp_s,
                                           settings)
     return lp_s.float().cpu(), lp_t.float().cpu(), token_adv.float().cpu()
@@ -137,7 +137,7 @@ def main(argv):
     policy = policy.to(args.device)
     batches = (expert_batches(tokenizer, cfg, args.batches) if args.experts
                else sampled_batches(policy, tokenizer, cfg, args.batches))
-    result = rounding(policy, tokenizer, batches, train.evisd_settings(cfg))
+    result = rounding(policy, tokenizer, batches, cfg)
     print(table(result))
     if args.json:
         with open(args.json, "w") as f:

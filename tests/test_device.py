@@ -92,7 +92,7 @@ def test_evisd_advantages_on_the_device_are_bounded_and_keep_the_sign(sampled, w
 
 # GRPO, EviSD, and each row of the paper's ablation table (train.py's EviSD block)
 ROWS = {"grpo": {"METHOD": "grpo"}, "evisd": {}, "response": {"EVISD_SPAN": "response"},
-        "gated_loss": {"EVISD_FORM": "gated_loss"}, "answer_only": {"USE_SEARCH_EVIDENCE": False},
+        "gated_loss": {"EVISD_FORM": "gated_loss", "EVISD_SPAN": "response"}, "answer_only": {"USE_SEARCH_EVIDENCE": False},
         "shared": {"TEACHER_CONTEXT": "shared"}}
 
 

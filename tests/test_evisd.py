@@ -19,13 +19,20 @@ from test_rollout import tok, trained, world  # noqa: F401 (fixtures)
 S, A_ = rollout.KIND_IDS["search"], rollout.KIND_IDS["answer"]
 
 
+def knobs(**overrides):
+    """train.py's config with EviSD constants overridden, at TEMPERATURE 1, where the teacher's
+    log-probs equal a plain forward's (model.token_logprobs' default)."""
+    return dict(train.DEFAULTS, TEMPERATURE=1.0, **overrides)
+
+
 def correct(adv, lp_s, lp_t, gen, kind, lam=0.2, tau=5.0):
     """evisd.evisd_correction with m = the action tokens of ``_batch`` (its searches and answer),
-    and the gap statistics the training log keeps. On a real batch m is correction_mask's: its
-    tests are further down."""
+    and the share of generated tokens it moved (what train.rl_step logs). On a real batch m is
+    correction_mask's: its tests are further down."""
     mask = (kind > 0) & gen.bool()
     out = evisd.evisd_correction(adv, lp_t - lp_s, gen, mask, lam, tau)
-    return out, evisd.gap_stats(adv.detach(), (lp_t - lp_s).detach(), out, gen, kind)
+    moved = ((out != adv[:, None]) & gen.bool()).sum().item() / gen.sum().item()
+    return out, {"modulated_frac": moved}
 
 
 def _batch(seed=0):
@@ -111,32 +118,31 @@ def test_lambda_zero_is_plain_grpo():
     assert torch.equal(out, adv[:, None] * gen) and stats["modulated_frac"] == 0
 
 
-def test_gap_stats_by_sign():
-    kind, gen, _, lp_s, _ = _batch()
-    lp_t = lp_s.clone()
-    lp_t[0] += 0.3                                                 # A > 0 episode: teacher +0.3
-    lp_t[1] -= 1.0                                                 # A < 0 episode: teacher -1.0
-    _, st = correct(torch.tensor([1.0, -1.0]), lp_s, lp_t, gen, kind)
-    assert st["search_gap_pos"] == pytest.approx(0.3, abs=1e-5)
-    assert st["answer_gap_neg"] == pytest.approx(-1.0, abs=1e-5)
-    assert st["search_tokens"] == 6 and st["answer_tokens"] == 4
-
-
 # ----------------------------------------------------------------------------- teacher context
-@pytest.fixture(scope="module", params=["embedded", "pretrained-style"])
-def setup(request):
-    """An expert episode (search, search, answer) encoded by the embedded tokenizer (every tag
-    one token) or by the pretrained-style stand-in of conftest.py (every tag several tokens)."""
-    if request.param == "embedded":
-        tok = model.build_tokenizer(model.tokenizer_texts(seeds=(0,)))
-    else:
-        tok = model.load_model(request.getfixturevalue("standin_dir"), local_files_only=True)[1]
+def expert_setup(tok):
+    """(tok, world, question, transcript): an expert episode (search, search, answer)."""
     world = toy_world.make_world(seed=5, n_people=20, n_cities=8, n_countries=3, n_films=8,
                                  n_companies=6)
     q = [q for q in world.split("train") if q.hops == 2][0]
     ep = toy_world.expert_episode(q, world)
     tr = rollout.encode_episode(tok, model.render_prompt(tok, q), ep.turns, ep.observations)
     return tok, world, q, tr
+
+
+@pytest.fixture(scope="module")
+def setup():
+    """An expert episode encoded by the embedded tokenizer (every tag one token)."""
+    return expert_setup(model.build_tokenizer(model.tokenizer_texts(seeds=(0,))))
+
+
+@pytest.fixture(scope="module", params=["embedded", "pretrained-style"])
+def both_tokenizers(request, setup):
+    """The same, and by the pretrained-style stand-in of conftest.py (every tag several
+    tokens): for the tests about where a block or a content starts among tag tokens."""
+    if request.param == "embedded":
+        return setup
+    return expert_setup(model.load_model(request.getfixturevalue("standin_dir"),
+                                         local_files_only=True)[1])
 
 
 def batch_of(tok, q, transcripts, rewards=None):
@@ -162,14 +168,14 @@ def content(spans, kind):
     return {p for s in spans if s.kind == kind for p in range(s.content_start, s.content_end)}
 
 
-def test_aligned_teachers_each_read_only_their_own_block(setup):
+def test_aligned_teachers_each_read_only_their_own_block(both_tokenizers):
     """The paper's action-aligned context, by default: the search teacher's input holds the
     evidence and no token of the answer block, the answer teacher's the answer block and no
     token of the evidence; the student's own tokens in order around them."""
-    tok, world, q, tr = setup
+    tok, world, q, tr = both_tokenizers
     ev, ans = evisd.privileged_ids(tok, q, world)
     assert tok.decode(ev) == search_env.format_information(world.evidence_docs(q))
-    batch = evisd.teacher_batch(tok, world, batch_of(tok, q, [tr]), [0], evisd.Settings())
+    batch = evisd.teacher_batch(tok, world, batch_of(tok, q, [tr]), [0], knobs())
     (search_ids, search_pos, search_scored), (answer_ids, answer_pos, answer_scored) = \
         sequences(batch)
     assert batch["owner"].tolist() == [0, 0]
@@ -192,7 +198,7 @@ def test_aligned_teachers_each_read_only_their_own_block(setup):
     assert answer_scored == content(tr.spans, "answer")
     # Shared (the paper's -0.2 row): one sequence, evidence and answer before every action.
     (ids, pos, scored), = sequences(evisd.teacher_batch(
-        tok, world, batch_of(tok, q, [tr]), [0], evisd.Settings(context="shared")))
+        tok, world, batch_of(tok, q, [tr]), [0], knobs(TEACHER_CONTEXT="shared")))
     assert [t for t, p in zip(ids, pos) if p < 0] == (ev + ans) * (len(searches) + 1)
     for at in [s.action for s in searches] + [answer.content_start]:
         j = pos.index(at)
@@ -219,7 +225,7 @@ def test_a_later_search_reads_a_copy_per_earlier_search_or_one(setup):
     starts = [s.action for s in tr.spans if s.kind == "search"]
     for evidence_at, copies in (("every", 3), ("first", 1)):
         (ids, pos, _), _ = sequences(evisd.teacher_batch(
-            tok, world, batch_of(tok, q, [tr]), [0], evisd.Settings(evidence_at=evidence_at)))
+            tok, world, batch_of(tok, q, [tr]), [0], knobs(EVIDENCE_AT=evidence_at)))
         assert [t for t, p in zip(ids, pos) if p < 0] == ev * copies
         j = pos.index(starts[0])
         assert ids[j - len(ev):j] == ev                   # right before the first search
@@ -234,7 +240,7 @@ def test_response_span_scores_every_turn_after_its_block(setup):
     tok, world, _, _ = setup
     q, tr = _three_search_episode(tok, world, first="<think> hmm </think> no tag")
     assert [s.kind for s in tr.spans] == ["invalid", "search", "search", "search", "answer"]
-    settings = evisd.Settings(span="response")
+    settings = knobs(EVISD_SPAN="response")
     r = batch_of(tok, q, [tr])
     assert torch.equal(evisd.correction_mask(r, settings), r.gen_mask.bool())
     ev, ans = evisd.privileged_ids(tok, q, world)
@@ -257,20 +263,21 @@ def test_correction_mask_by_span_and_privilege(setup):
     without search evidence (the answer-only row), only the answer action."""
     tok, world, q, tr = setup
     r = batch_of(tok, q, [tr])
-    content_m = evisd.correction_mask(r, evisd.Settings())[0]
-    action_m = evisd.correction_mask(r, evisd.Settings(span="action"))[0]
+    content_m = evisd.correction_mask(r, knobs())[0]
+    action_m = evisd.correction_mask(r, knobs(EVISD_SPAN="action"))[0]
     assert torch.equal(action_m, r.action_kind[0] > 0)
     assert (content_m <= action_m).all() and content_m.sum() < action_m.sum()
     assert set(content_m.nonzero().squeeze(1).tolist()) == (content(tr.spans, "search")
                                                             | content(tr.spans, "answer"))
-    answer_only = evisd.correction_mask(r, evisd.Settings(evidence=False))[0]
+    answer_only = evisd.correction_mask(r, knobs(USE_SEARCH_EVIDENCE=False))[0]
     assert set(answer_only.nonzero().squeeze(1).tolist()) == content(tr.spans, "answer")
-    no_answer = evisd.correction_mask(r, evisd.Settings(answer=False, span="response"))[0]
+    no_answer = evisd.correction_mask(
+        r, knobs(USE_ANSWER_PRIVILEGE=False, EVISD_SPAN="response"))[0]
     assert not no_answer[next(s for s in tr.spans if s.kind == "answer").start:].any()
 
 
-def test_content_is_the_query_or_answer_between_the_tags(setup):
-    tok, world, q, tr = setup
+def test_content_is_the_query_or_answer_between_the_tags(both_tokenizers):
+    tok, world, q, tr = both_tokenizers
     for s in tr.spans:
         if s.kind == "invalid":
             continue
@@ -284,8 +291,8 @@ def test_content_is_the_query_or_answer_between_the_tags(setup):
         assert tok.decode(tr.ids[s.content_start:s.content_end]).strip() == action_text
 
 
-@pytest.mark.parametrize("settings", [evisd.Settings(), evisd.Settings(context="shared"),
-                                      evisd.Settings(span="response", evidence_at="first")])
+@pytest.mark.parametrize("settings", [knobs(), knobs(TEACHER_CONTEXT="shared"),
+                                      knobs(EVISD_SPAN="response", EVIDENCE_AT="first")])
 def test_teacher_logprobs_align_with_a_manual_forward(setup, settings):
     tok, world, q, tr = setup
     lm = model.build_model(tok, "tiny").eval()
@@ -324,7 +331,7 @@ def test_teacher_logprobs_selects_rows_and_scores_duplicates_once(setup, monkeyp
     other = rollout.encode_episode(tok, model.render_prompt(tok, q), *_noisy_turns(world, q))
     r = batch_of(tok, q, [tr, other, tr, tr], [0.0] * 4)
     lp_s = torch.full(r.input_ids.shape, -7.0)
-    settings = evisd.Settings()
+    settings = knobs()
     # Every row on its own, its teacher sequences alone.
     expected = torch.stack([evisd.teacher_logprobs(lm, tok, world, r, lp_s, [i], settings)[i]
                             for i in range(4)])
@@ -354,8 +361,7 @@ def step_batch(setup):
 
 def test_credit_is_the_teacher_then_the_bounded_correction(step_batch):
     lm, tok, world, r, adv, lp_s = step_batch
-    cfg = dict(train.DEFAULTS, EVISD_LAMBDA=0.5, EVISD_TAU=2.0, TEMPERATURE=1.0)
-    settings = train.evisd_settings(cfg)
+    settings = knobs(EVISD_LAMBDA=0.5, EVISD_TAU=2.0)
     token_adv, lp_t, extra = evisd.credit(lm, tok, world, r, adv, lp_s, settings)
     assert extra is None
     expected_t = evisd.teacher_logprobs(lm, tok, world, r, lp_s, [0, 1], settings)
@@ -373,15 +379,16 @@ def test_response_row_moves_the_thinking(step_batch):
     thinking = r.gen_mask.bool() & (r.action_kind == 0)
     plain = adv[:, None] * r.gen_mask
     for span, moves in (("content", False), ("action", False), ("response", True)):
-        token_adv, _, _ = evisd.credit(lm, tok, world, r, adv, lp_s, evisd.Settings(span=span))
+        token_adv, _, _ = evisd.credit(lm, tok, world, r, adv, lp_s, knobs(EVISD_SPAN=span))
         assert (token_adv[thinking] != plain[thinking]).any() == moves, span
-        tags = (r.action_kind > 0) & ~evisd.correction_mask(r, evisd.Settings())
+        tags = (r.action_kind > 0) & ~evisd.correction_mask(r, knobs())
         assert (token_adv[tags] != plain[tags]).any() == (span != "content"), span
 
 
 def test_answer_only_row_rescores_and_corrects_the_answer_alone(step_batch):
     lm, tok, world, r, adv, lp_s = step_batch
-    token_adv, lp_t, _ = evisd.credit(lm, tok, world, r, adv, lp_s, evisd.Settings(evidence=False))
+    token_adv, lp_t, _ = evisd.credit(lm, tok, world, r, adv, lp_s,
+                                      knobs(USE_SEARCH_EVIDENCE=False))
     searching = r.action_kind != A_
     assert torch.equal(lp_t[searching], lp_s[searching])  # no search token re-scored
     plain = adv[:, None] * r.gen_mask
@@ -411,7 +418,7 @@ def test_gated_loss_gradient_by_hand():
 
 def test_gated_loss_row_keeps_a_and_adds_a_response_wide_loss(step_batch):
     lm, tok, world, r, adv, lp_s = step_batch
-    settings = evisd.Settings(form="gated_loss")
+    settings = knobs(EVISD_FORM="gated_loss", EVISD_SPAN="response")
     token_adv, lp_t, extra = evisd.credit(lm, tok, world, r, adv, lp_s, settings)
     assert torch.equal(token_adv, adv[:, None] * r.gen_mask)          # plain GRPO advantages
     assert (lp_t[2:] != lp_s[2:]).any()                                # A = 0 re-scored too
@@ -425,7 +432,8 @@ def test_gated_loss_row_keeps_a_and_adds_a_response_wide_loss(step_batch):
 @pytest.mark.parametrize("form", ["bounded", "gated_loss"])
 def test_each_form_is_plain_grpo_at_coefficient_zero(step_batch, form):
     lm, tok, world, r, adv, lp_s = step_batch
-    settings = evisd.Settings(form=form, lam=0.0, gate_coef=0.0)
+    settings = knobs(EVISD_FORM=form, EVISD_LAMBDA=0.0, EVISD_GATE_COEF=0.0,
+                     EVISD_SPAN="response" if form == "gated_loss" else "content")
     token_adv, _, extra = evisd.credit(lm, tok, world, r, adv, lp_s, settings)
     assert torch.equal(token_adv, adv[:, None] * r.gen_mask)
     if form == "gated_loss":
@@ -467,7 +475,8 @@ def test_correction_mask_switches_on_a_sampled_rollout(sampled, span):
     kinds = {s.kind for spans in r.spans for s in spans}
     assert kinds == {"search", "answer", "invalid"}          # every case occurs in the batch
     for evidence, answer in itertools.product([True, False], repeat=2):
-        m = evisd.correction_mask(r, evisd.Settings(evidence=evidence, answer=answer, span=span))
+        m = evisd.correction_mask(r, knobs(USE_SEARCH_EVIDENCE=evidence,
+                                           USE_ANSWER_PRIVILEGE=answer, EVISD_SPAN=span))
         assert set(map(tuple, m.nonzero().tolist())) == expected_mask(r, span, evidence, answer), \
             (evidence, answer)
     # each switch removes something: neither kind's set is empty
@@ -480,7 +489,7 @@ def test_tags_and_thinking_keep_plain_a_on_a_sampled_rollout(sampled, tok, train
     r, adv = sampled
     with torch.no_grad():
         lp_s = model.token_logprobs(trained, r.input_ids, r.attention_mask, r.gen_mask)
-    token_adv, _, _ = evisd.credit(trained, tok, world, r, adv, lp_s, evisd.Settings())
+    token_adv, _, _ = evisd.credit(trained, tok, world, r, adv, lp_s, knobs())
     plain = adv[:, None] * r.gen_mask
     tags = torch.zeros_like(r.gen_mask, dtype=torch.bool)
     content = torch.zeros_like(tags)
@@ -503,7 +512,7 @@ def test_no_gradient_reaches_the_policy_through_the_gap(sampled, tok, trained, w
     r, adv = sampled
     policy = copy.deepcopy(trained)
     logp = model.token_logprobs(policy, r.input_ids, r.attention_mask, r.gen_mask)   # with graph
-    token_adv, lp_t, _ = evisd.credit(policy, tok, world, r, adv, logp, evisd.Settings())
+    token_adv, lp_t, _ = evisd.credit(policy, tok, world, r, adv, logp, knobs())
     assert lp_t.grad_fn is None                                   # the teacher: no graph
     assert (token_adv != adv[:, None] * r.gen_mask).any()         # the gap did move Â
     params = [p for p in policy.parameters() if p.requires_grad]

@@ -135,11 +135,10 @@ def test_resume_without_a_readable_checkpoint_starts_a_clean_log(run_copy, capsy
         f.writelines(json.dumps(r) + "\n" for r in before)
     train.main(args + ["--resume", "--RL_STEPS=1"])
     assert "no readable checkpoint" in capsys.readouterr().out
-    # The run starts again at step 0: its log holds that run's rows once, the earlier ones are
-    # kept beside it.
+    # The run starts again at step 0: its log holds that run's rows once, none of the earlier
+    # attempt's.
     assert [r["step"] for r in rows(out)] == [0]
-    restarted = [json.loads(line) for line in open(os.path.join(out, runs.RESTARTED_LOG))]
-    assert restarted == before
+    assert len(before) > 1
 
 
 def test_a_log_written_across_a_restart_reads_as_its_last_attempt(tmp_path, capsys):

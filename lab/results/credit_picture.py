@@ -112,7 +112,7 @@ def main(argv):
         if overrides is None:
             token_adv = adv[:, None] * r.gen_mask
         else:
-            settings = train.evisd_settings(dict(cfg, **overrides))
+            settings = dict(cfg, **overrides)
             token_adv, _, _ = evisd.credit(lm, tok, world, r, adv, lp_s, settings)
         panels.append((title, token_adv[i, :n].tolist()))
     ids = r.input_ids[i, :n].tolist()

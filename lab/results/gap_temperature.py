@@ -39,9 +39,9 @@ def main(warmup_dir):
         with torch.no_grad():
             r = rollout.rollout(lm, tok, envs, cfg["MAX_NEW_TOKENS"], cfg["TEMPERATURE"])
         rows = list(range(len(r.rewards)))
-        m = evisd.correction_mask(r, train.evisd_settings(cfg))   # the same at any temperature
+        m = evisd.correction_mask(r, cfg)   # the same at any temperature
         for t in TEMPERATURES:
-            settings = train.evisd_settings(dict(cfg, TEMPERATURE=t))
+            settings = dict(cfg, TEMPERATURE=t)
             with torch.no_grad():
                 lp_s = model.token_logprobs(lm, r.input_ids, r.attention_mask, r.gen_mask,
                                             temperature=t)
