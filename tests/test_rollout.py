@@ -6,7 +6,6 @@ import pytest
 import torch
 from transformers import LogitsProcessor, LogitsProcessorList
 
-import fast_decode
 import model
 import rollout
 import search_env
@@ -130,7 +129,7 @@ def test_rollout_masks_on_random_and_scripted_models(tok, lm, world):
     for policy in (lm, ScriptedLM(tok)):
         torch.manual_seed(0)
         r = rollout.rollout(policy, tok, search_env.episodes(world, qs, 3, max_turns=3),
-                          max_new_tokens=24, decode="generate")
+                          max_new_tokens=24)
         assert r.input_ids.shape[0] == 12 and (r.turns <= 3).all() and (r.turns >= 1).all()
         assert r.questions[3] is qs[1]
         _check_masks(r, tok, world)
@@ -160,16 +159,13 @@ def test_rollout_is_deterministic_for_a_seed(tok, trained, world):
     assert torch.equal(runs[0].rewards, runs[1].rewards)
 
 
-@pytest.mark.parametrize("decode", ["static", "generate"])
-def test_cached_rollout_matches_a_fresh_forward(tok, trained, world, decode, monkeypatch):
-    """The KV cache kept across turns, the masked holes and the dropped finished rows must
-    give each sequence exactly what a plain forward over its transcript gives: every greedy
-    token is the argmax of the right-padded transcript's logits at its position."""
-    monkeypatch.setattr(fast_decode.KVCache, "BLOCK", 16)     # the static cache grows every turn
+def greedy_tokens_are_a_fresh_forwards_argmax(play, tok, trained, world):
+    """Every greedy token ``play`` (rollout.rollout, or the lab's fast decode) writes is the
+    argmax of a plain forward over its right-padded transcript, at its position; the episodes
+    end after 1, 2 or 3 turns, so rows leave the batch at different turns."""
     qs = world.split("train")[:6]
-    # 1, 2 or 3 turns
     envs = [search_env.SearchEnv(world, q, max_turns=1 + i % 3) for i, q in enumerate(qs)]
-    r = rollout.rollout(trained, tok, envs, max_new_tokens=24, greedy=True, decode=decode)
+    r = play(trained, tok, envs, max_new_tokens=24, greedy=True)
     kinds = [span.kind for s in r.spans for span in s]
     assert len(set(r.turns.tolist())) > 1                   # rows left the batch at different turns
     assert "search" in kinds and "answer" in kinds          # turns stopped at a tag
@@ -180,6 +176,13 @@ def test_cached_rollout_matches_a_fresh_forward(tok, trained, world, decode, mon
     best = logits[:, :-1].max(-1).values
     assert gen.sum() > 50
     assert (best - chosen)[gen].max() < 1e-4
+    return r
+
+
+def test_left_padded_turns_match_a_fresh_forward(tok, trained, world):
+    """Each turn's left padding and the finished rows left out of the batch must give each
+    sequence exactly what a plain forward over its right-padded transcript gives."""
+    greedy_tokens_are_a_fresh_forwards_argmax(rollout.rollout, tok, trained, world)
 
 
 def test_encode_episode_matches_expert(tok, world):
@@ -252,7 +255,7 @@ def test_rollout_stops_at_stop_strings_with_exact_spans(which, request, world):
     forced = ForcedLM(lm, tok, script)
     qs = world.split("train")[:2]
     r = rollout.rollout(forced, tok, search_env.episodes(world, qs, 1, max_turns=2),
-                      max_new_tokens=40, greedy=True, decode="generate")
+                      max_new_tokens=40, greedy=True)
     # no junk generated
     assert [tok.batch_decode(new) for new in forced.returned] == [[s, s] for s in script]
     assert r.answers == ["velmar", "velmar"] and (r.turns == 2).all()

@@ -1,42 +1,106 @@
-"""A faster rollout decode, opt-in (train.DECODE = "static" or "compiled"; the default is HF
-generate, rollout.py).
+"""The fast decode, opt-in: ``train.py --DECODE=static`` (or ``compiled``) plays the rollouts
+with ``decoder(DECODE)`` instead of the core's rollout.rollout (HF generate per turn).
 
-Our own sampling loop over a KV cache allocated once per rollout: each turn prefills what is new
-in one forward, then samples token by token; a turn ends at eos or at the token completing a stop
-string, found on token ids (only a token holding ">" can complete one, so only then is the tail
-decoded). ``cached_forward`` runs a Llama/Qwen2-shaped decoder's own modules and writes the
-attention over the cache itself; "compiled" compiles that one-token step (CUDA graphs on a GPU).
-For a seed, the loop draws the random numbers generate draws and samples the same tokens
-(tests/test_fast_decode.py). On 2 CPU cores it saves about 3% of a default run, which is why it
-is not the default; docs/performance.md has its figures.
+Its own turn loop keeps one KV cache for the whole rollout, allocated once and grown by blocks:
+each turn prefills only what is new (the observation, and the slots a row would have written
+after its stop, kept as masked holes), then samples token by token. A turn ends at eos or at
+the token completing a stop string, found on token ids (only a token holding ">" can complete
+one, so only then is the tail decoded). ``cached_forward`` runs a Llama/Qwen2-shaped decoder's
+own modules and writes the attention over the cache itself; "compiled" compiles that one-token
+step (CUDA graphs on a GPU). Everything else is the core's: the transcripts and their action
+ranges, the turn's cut, the envs, the Rollouts. For a seed it samples the tokens the core's
+rollout samples (lab/tests/test_fast_decode.py); docs/performance.md has its speed.
 """
 import functools
 from dataclasses import dataclass
 
 import torch
 
+import rollout
+from model import render_prompt
 from search_env import STOP_STRINGS, stop_end
 
-
-class TurnDecoder:
-    """What rollout.rollout needs of this path: ``decode_turn(ids, mask)`` for every turn of a
-    batch of ``batch`` episodes, and ``cache`` (which drops finished rows as generate's does)."""
-
-    def __init__(self, policy, tokenizer, eos_ids, batch, max_new_tokens, temperature, greedy,
-                 compiled=False):
-        check_static_decode(policy)
-        self.policy, self.tokenizer = policy, tokenizer
-        self.max_new_tokens, self.temperature, self.greedy = max_new_tokens, temperature, greedy
-        self.stops = stop_tokens(tokenizer, frozenset(eos_ids),
-                                 policy.get_output_embeddings().weight.shape[0])
-        self.cache = KVCache(batch, next(policy.parameters()).device, compiled=compiled)
-
-    def decode_turn(self, ids, mask):
-        """(new [B, n], cuts): see decode_turn."""
-        return decode_turn(self.policy, self.tokenizer, self.cache, ids, mask, self.max_new_tokens,
-                           self.temperature, self.greedy, self.stops)
+NAMES = ("static", "compiled")   # train.DECODE's values that this file plays
 
 
+def decoder(name):
+    """The rollout function of decode ``name`` ("static" or "compiled"): called as
+    rollout.rollout is, ``play(policy, tokenizer, envs, max_new_tokens=64, temperature=1.0,
+    greedy=False) -> rollout.Rollouts``."""
+    if name not in NAMES:
+        raise ValueError(f"unknown decode {name!r}; lab/fast_decode.py plays {NAMES} "
+                         "('generate' is the core's rollout.rollout)")
+
+    def play(policy, tokenizer, envs, max_new_tokens=64, temperature=1.0, greedy=False):
+        return play_cached(policy, tokenizer, envs, max_new_tokens, temperature, greedy,
+                           compiled=name == "compiled")
+    play.__doc__ = f"rollout.rollout's episodes, played by the {name} decode (lab/fast_decode.py)."
+    return play
+
+
+def eos_ids(policy, tokenizer):
+    """The ids that end a turn unkept: the tokenizer's eos and any other end-of-text id the
+    model's generation config lists (Qwen: two), as rollout.rollout reads them."""
+    model_eos = getattr(getattr(policy, "generation_config", None), "eos_token_id", None)
+    return {tokenizer.eos_token_id,
+            *(model_eos if isinstance(model_eos, list) else [model_eos])} - {None}
+
+
+@torch.no_grad()
+def play_cached(policy, tokenizer, envs, max_new_tokens, temperature, greedy, compiled):
+    """rollout.rollout's episodes over one KV cache: row r of the batch plays episode rows[r];
+    ``ids``, ``mask`` [B, L] hold every row's transcript so far, left-padded at the prompt, with
+    the holes each turn left (a row's slots after its stop, an observation's left padding)
+    masked. Positions come from the mask's running sum, so a row sees the positions of its
+    right-padded transcript in training. Finished episodes leave the batch and the cache."""
+    check_static_decode(policy)
+    device, pad_id = next(policy.parameters()).device, tokenizer.pad_token_id
+    eos = eos_ids(policy, tokenizer)
+    stops = stop_tokens(tokenizer, frozenset(eos), policy.get_output_embeddings().weight.shape[0])
+    questions = [env.question for env in envs]
+    transcripts = [rollout.Transcript(tokenizer.encode(render_prompt(tokenizer, q),
+                                                       add_special_tokens=False))
+                   for q in questions]
+    turn_texts = [[] for _ in envs]
+    rows = [i for i, env in enumerate(envs) if not env.done]
+    ids = rollout.pad([transcripts[i].ids for i in rows], pad_id, left=True)          # [B, L]
+    mask = rollout.pad([[1] * len(transcripts[i].ids) for i in rows], 0, left=True)   # [B, L]
+    cache = KVCache(len(rows), device, compiled=compiled)
+    was_training = policy.training
+    policy.eval()
+    for turn in range(max(env.max_turns for env in envs)):
+        if not rows:
+            break
+        new = decode_turn(policy, tokenizer, cache, ids, mask, max_new_tokens, temperature,
+                          greedy, stops)                                     # [B, n]
+        kept = torch.zeros_like(new)          # 1 where a generated token belongs to its transcript
+        observations = []
+        for r, i in enumerate(rows):
+            tokens, text = rollout.cut_turn(tokenizer, new[r].tolist(), eos, pad_id)
+            kept[r, :len(tokens)] = 1
+            result = envs[i].step(text)
+            turn_texts[i].append(text)
+            transcripts[i].add_turn(tokens, result.action.kind, turn,
+                                    rollout.action_ranges(tokenizer, tokens, text, result.action))
+            obs = (tokenizer.encode(result.observation, add_special_tokens=False)
+                   if result.observation else [])
+            if obs:
+                transcripts[i].add_observation(obs)
+            observations.append(obs)
+        going = [r for r, i in enumerate(rows) if not envs[i].done]
+        if going:
+            obs_ids = rollout.pad([observations[r] for r in going], pad_id, left=True)
+            obs_mask = rollout.pad([[1] * len(observations[r]) for r in going], 0, left=True)
+            ids = torch.cat([ids[going], new[going], obs_ids], dim=1)
+            mask = torch.cat([mask[going], kept[going], obs_mask], dim=1)
+            if len(going) < len(rows):
+                cache.batch_select_indices(torch.tensor(going, device=device))
+        rows = [rows[r] for r in going]
+    policy.train(was_training)
+    return rollout.Rollouts(
+        **rollout.collate(transcripts, pad_id), rewards=torch.tensor([e.reward for e in envs]),
+        answers=[e.answer for e in envs], turns=torch.tensor([e.turns for e in envs]),
+        questions=questions, turn_texts=turn_texts)
 
 
 class KVCache:
@@ -197,8 +261,8 @@ def decode_turn(policy, tokenizer, cache, ids, mask, max_new_tokens, temperature
     [B, T] are the transcripts so far, masked holes and all, of which the cache holds the first
     ``cache.used``; the rest is prefilled in one forward. A row ends at eos (not kept) or
     at the token that completes a stop string (kept); the loop ends when every row has, or after
-    ``max_new_tokens``. Returns (new [B, n], pad after each row's end as generate pads, and per
-    row (token ids, text) as cut_turn gives them)."""
+    ``max_new_tokens``. Returns new [B, n], pad after each row's end as generate pads (and in
+    place of its eos), for rollout.cut_turn to cut as it cuts generate's turns."""
     device, (B, T) = cache.mask.device, ids.shape
     step = compiled_forward() if cache.compiled else cached_forward
     cache.reserve(T + max_new_tokens)
@@ -229,12 +293,4 @@ def decode_turn(policy, tokenizer, cache, ids, mask, max_new_tokens, temperature
         logits = step(policy, cache, token[:, None], positions[:, -1:] + 1 + t, slot,
                       cache.mask.shape[1] if cache.compiled else cache.used + 1)
         cache.used += 1
-    new = new[:, :t + 1]
-    cuts = []
-    for r in range(B):
-        tokens = new[r, :ends[r] if ends[r] is not None else t + 1].tolist()
-        text = tokenizer.decode(tokens)
-        cuts.append((tokens, text[:stop_end(text)]))
-    return new, cuts
-
-
+    return new[:, :t + 1]

@@ -1,26 +1,42 @@
-"""Tests for fast_decode.py: the static loop samples what HF generate samples, from the
-log-probs training scores, and stops where cut_turn cuts."""
+"""Tests for lab/fast_decode.py: its rollout is called as the core's rollout.rollout is and
+samples what the core's HF generate samples for a seed, from the log-probs training scores, and
+its turns stop where rollout.cut_turn cuts."""
+import inspect
+
 import pytest
 import torch
 from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM
 
-import fast_decode
 import model
 import rollout
 import search_env
-from test_rollout import (ScriptedLM, _check_masks, lm, policy, standin, tok,  # noqa: F401
-                          trained, world)
+from lab import fast_decode
+from test_rollout import (ScriptedLM, _check_masks, greedy_tokens_are_a_fresh_forwards_argmax,
+                          lm, policy, standin, tok, trained, world)  # noqa: F401 (fixtures)
+
+# train.DECODE's values: the core's rollout, and this lab file's two
+PLAYS = {"generate": rollout.rollout, "static": fast_decode.decoder("static")}
 
 
 def rollout_both_ways(lm, tok, world, greedy, decodes=("generate", "static"), seed=5):
-    """The same episodes rolled out by HF generate and by the static decode, from one seed."""
+    """The same episodes rolled out by the core (HF generate) and by the static decode, from one
+    seed."""
     out = []
     for decode in decodes:
         torch.manual_seed(seed)
         envs = search_env.episodes(world, world.split("train")[:6], 3, max_turns=3)
-        out.append(rollout.rollout(lm, tok, envs, max_new_tokens=32, temperature=0.7,
-                                 greedy=greedy, decode=decode))
+        out.append(PLAYS[decode](lm, tok, envs, max_new_tokens=32, temperature=0.7,
+                                 greedy=greedy))
     return out
+
+
+def test_decoder_is_called_as_the_core_rollout_is():
+    """train.py swaps one for the other at one place: the same parameters and defaults."""
+    for name in fast_decode.NAMES:
+        assert (inspect.signature(fast_decode.decoder(name))
+                == inspect.signature(rollout.rollout)), name
+    with pytest.raises(ValueError, match="unknown decode 'generate'.*rollout.rollout"):
+        fast_decode.decoder("generate")
 
 
 @pytest.fixture(scope="module")
@@ -62,6 +78,14 @@ def test_static_decode_samples_what_generate_samples(which, greedy, request, wor
         assert torch.equal(rollout_both_ways(lm, tok, world, greedy, ["static"])[0].input_ids,
                            b.input_ids)
     _check_masks(b, tok, world)
+
+
+def test_the_cache_across_turns_matches_a_fresh_forward(tok, trained, world, monkeypatch):
+    """The KV cache kept across turns, its masked holes and the rows dropped from it as episodes
+    finish give each sequence exactly what a plain forward over its transcript gives: every
+    greedy token is the argmax of the right-padded transcript's logits at its position."""
+    monkeypatch.setattr(fast_decode.KVCache, "BLOCK", 16)     # the cache grows every turn
+    greedy_tokens_are_a_fresh_forwards_argmax(fast_decode.decoder("static"), tok, trained, world)
 
 
 def cuda_like_attention(calls):
@@ -121,8 +145,7 @@ def test_static_decode_logprobs_are_the_training_forwards(tok, trained, world):
     envs = search_env.episodes(world, world.split("train")[:4], 2, max_turns=2)
     with pytest.MonkeyPatch.context() as m:
         m.setattr(fast_decode, "sample", recording)
-        r = rollout.rollout(trained, tok, envs, max_new_tokens=24, temperature=0.7,
-                            decode="static")
+        r = fast_decode.decoder("static")(trained, tok, envs, max_new_tokens=24, temperature=0.7)
     keep = r.gen_mask.bool()
     lp = model.token_logprobs(trained, r.input_ids, r.attention_mask, r.gen_mask,
                               temperature=0.7)[keep]
@@ -176,5 +199,5 @@ def test_stop_tokens_cut_turns_as_cut_turn(which, request):
 
 def test_static_decode_refuses_a_model_it_cannot_run(tok, world):
     with pytest.raises(ValueError, match="use DECODE='generate'"):
-        rollout.rollout(ScriptedLM(tok), tok,
-                        search_env.episodes(world, world.split("train")[:1], 1), decode="static")
+        fast_decode.decoder("static")(ScriptedLM(tok), tok,
+                                      search_env.episodes(world, world.split("train")[:1], 1))
