@@ -31,8 +31,8 @@ transformers_logging.disable_progress_bar()
 
 SPECIAL_TOKENS = ["<pad>", "<bos>", "<eos>", "<unk>"]
 
-# hidden, layers, heads, kv heads, mlp width. tiny 0.54M parameters (its MLP twice, not three
-# times, the width: it learns to copy sooner, lab/results/warmup-probes.md), small ~ 5M.
+# hidden, layers, heads, kv heads, mlp width (tiny: 0.54M parameters; why these, in
+# docs/design-notes.md)
 SIZES = {"tiny": (128, 3, 4, 2, 256), "small": (256, 6, 8, 4, 768), "base": (512, 8, 8, 4, 1536)}
 
 
@@ -91,13 +91,12 @@ def build_model(tokenizer, size="tiny", seed=0, prev_token_init=0.0):
 
 
 def prev_token_head(model, scale, back=1, frequencies=4):
-    """Layer 0's first head attends to the token ``back`` positions earlier (1: the previous one),
-    whatever the tokens: half an induction head, which copies a name read earlier; a random model
-    grows one suddenly, after a plateau as long as its seed's luck (lab/results/warmup-probes.md;
-    back=2 helps as much). RoPE turns pair (j, j + d/2) by position * theta_j, so key bias
-    (scale, 0) and query bias scale * e^(-i back theta_j) on the fastest pairs score key n for
-    query m by scale^2 * sum_j cos((m - n - back) theta_j), highest at n = m - back. All else
-    starts as HF draws it."""
+    """Layer 0's first head attends to the token ``back`` positions earlier, whatever the tokens:
+    half an induction head, which copies a name read earlier, and which a random model otherwise
+    grows only after a plateau as long as its seed's luck. RoPE turns pair (j, j + d/2) by
+    position * theta_j, so key bias (scale, 0) and query bias scale * e^(-i back theta_j) on the
+    fastest pairs score key n for query m by scale^2 * sum_j cos((m - n - back) theta_j),
+    highest at n = m - back. All else starts as HF draws it."""
     attn = model.model.layers[0].self_attn
     d, theta = attn.head_dim, model.model.rotary_emb.inv_freq[:frequencies]
     with torch.no_grad():   # the biases start at 0
@@ -173,11 +172,9 @@ def token_logprobs(model, input_ids, attention_mask, score_mask=None, chunk=4096
 
     Only positions where ``score_mask`` is 1 are computed (all others are 0): the decoder runs
     over the whole batch once, but the output projection and the log-softmax run only on the
-    selected hidden states, ``chunk`` rows at a time (fewer for a large vocabulary: 883 for
-    Qwen's 152k), with gather - logsumexp instead of a full [N, T, V] log-softmax, so a
-    150k-vocabulary model fits in memory. With gradient checkpointing on (enable_checkpointing),
-    each chunk's logits are recomputed in the backward pass too: autograd would otherwise keep
-    every chunk's [chunk, V] float32 logits, 0.6 MB per scored token of a 150k vocabulary.
+    selected hidden states, a chunk of rows at a time, with gather - logsumexp instead of a full
+    [N, T, V] log-softmax, so a large vocabulary fits in memory. With gradient checkpointing on,
+    each chunk's logits are recomputed in the backward pass instead of kept.
     """
     decoder = model.get_decoder()
     # No KV cache in a scoring forward: it would only hold every layer's keys and values.
@@ -210,7 +207,7 @@ def _chunk_logprobs(head, h, targets, temperature):
 
 def enable_checkpointing(model):
     """Gradient (activation) checkpointing: each decoder layer's activations are recomputed in
-    the backward pass instead of kept, the usual trade of ~30% more compute for memory."""
+    the backward pass instead of kept: compute traded for memory, for real models."""
     # the renamed method in transformers 5; the kwargs dict either way
     enable = (getattr(model, "activation_checkpointing_enable", None)
               or model.gradient_checkpointing_enable)

@@ -363,15 +363,17 @@ def stop_on_sigterm(signum, frame):
 
 
 
-def open_run(cfg, resume, overwrite, run_keys, rank):
+def open_run(cfg, resume, overwrite, run_keys, defaults, rank):
     """Make OUT_DIR ready: stop before a fresh run writes over another, or, with --resume, read its
-    newest checkpoint and stop if it is another run. Returns what load_checkpoint returned (None: a
-    fresh run, or none readable)."""
+    newest checkpoint and stop if it is another run (a setting its config lacks, from before the
+    setting existed, reads as its default). Returns what load_checkpoint returned (None: a fresh
+    run, or none readable)."""
     out = cfg["OUT_DIR"]
     check_out_dir(out, resume, overwrite, rank)
     resumed = load_checkpoint(out) if resume else None
     if resumed:
-        check_resume_config(resumed[3]["config"], cfg, resumed[0], run_keys, rank)
+        saved = {**defaults, **resumed[3]["config"]}
+        check_resume_config(saved, cfg, resumed[0], run_keys, rank)
         # SIZES may change with the code
         c, want = resumed[1].config, model.SIZES.get(cfg["MODEL"])
         if want and want != (c.hidden_size, c.num_hidden_layers, c.num_attention_heads,
@@ -447,7 +449,7 @@ def read_metrics(run_dir):
 
 def last_attempt(rows, where):
     """The rows of a run's log from its last start on: a step lower than the row before it marks
-    an attempt logged after an earlier one's rows (older code did; lab/records.py's packs keep
+    an attempt logged after an earlier one's rows (older code did; lab/packs.py's packs keep
     such a log whole). ``where`` names the log in the warning."""
     restarts = [i for i in range(1, len(rows)) if rows[i]["step"] < rows[i - 1]["step"]]
     if restarts:

@@ -317,7 +317,7 @@ def build_policy(cfg, device):
                                    prev_token_init=cfg["PREV_TOKEN_INIT"])
     else:
         # float32 weights, whatever the checkpoint's dtype: autocast computes in DTYPE, and an
-        # LR of 1e-6 moves a weight far less than bf16 can represent (8 mantissa bits: 0.4%).
+        # LR of 1e-6 moves a weight far less than bf16's 8 mantissa bits can represent.
         policy, tokenizer = model.load_model(cfg["MODEL"], dtype=torch.float32)
     if cfg["GRADIENT_CHECKPOINTING"]:
         model.enable_checkpointing(policy)
@@ -336,7 +336,7 @@ def main(argv):
     rank, world_size, device, dtype = runs.setup(cfg)
     out = cfg["OUT_DIR"]
     # OUT_DIR and the resume point are settled before the warm-up, so a mistake stops in seconds.
-    resumed = runs.open_run(cfg, resume, overwrite, RUN_KEYS, rank)   # (path, model, tok, state)
+    resumed = runs.open_run(cfg, resume, overwrite, RUN_KEYS, DEFAULTS, rank)   # (path, ..., state)
     if rank == 0:
         print(json.dumps(cfg))
         if unread_settings(cfg):

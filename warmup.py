@@ -75,7 +75,7 @@ def privileged_demonstration(tr, evidence_ids, answer_ids, evidence_at, answer_a
     to. Returns (Transcript, student_pos) as evisd.insert_blocks gives them: the blocks are
     information the model reads, not writes; the spans move with their tokens."""
     # where a teacher with these placements puts each block (evisd.block_position)
-    placement = evisd.Settings(answer_at=answer_at)
+    placement = {"EVISD_SPAN": "content", "ANSWER_AT": answer_at}
     searches = [evisd.block_position(s, placement) for s in tr.spans if s.kind == "search"]
     inserts = {at: evidence_ids for at in (searches if evidence_at == "every" else searches[:1])}
     for answer in (s for s in tr.spans if s.kind == "answer"):
@@ -101,8 +101,8 @@ def privileged_demonstration(tr, evidence_ids, answer_ids, evidence_at, answer_a
 
 def expert_rollouts(cfg, tokenizer, world, questions, seed=0):
     """Noisy expert episodes (GROUP_SIZE of each question) packed like rollout.rollout's output:
-    what a warmed-up policy writes, for benchmarks and tests of a random model, which writes no
-    actions for the teacher to score."""
+    what a warmed-up policy writes, for the lab's benchmarks and tests of a random model, which
+    writes no actions for the teacher to score."""
     rng = random.Random(seed)
     asked = [q for q in questions for _ in range(cfg["GROUP_SIZE"])]
     episodes = [toy_world.expert_episode(q, world, noise=0.5, rng=rng, max_turns=cfg["MAX_TURNS"],
@@ -160,7 +160,7 @@ def fit(cfg, policy, tokenizer, path):
         n_gen, n_context, loss = b["gen_mask"].sum(), b["context_mask"].sum(), 0.0
         optimizer.zero_grad(set_to_none=True)
         # Four quarters sorted by length, each padded to its own longest: one batch's gradient
-        # on ~35% fewer tokens.
+        # on far fewer padding tokens.
         for rows in b["attention_mask"].sum(1).argsort().chunk(4):
             width = int(b["attention_mask"][rows].sum(1).max())
             keys = ("input_ids", "attention_mask", "gen_mask", "context_mask")
@@ -168,8 +168,7 @@ def fit(cfg, policy, tokenizer, path):
             with model.autocast(device, dtype):
                 scored = gen + ctx if cfg["SFT_CONTEXT_LOSS"] else gen
                 logp = model.token_logprobs(policy, ids, att, scored)            # [rows, width]
-            # The context loss trains copying on the names documents repeat
-            # (lab/results/warmup-probes.md).
+            # The context loss trains copying on the names documents repeat.
             own = -(logp * gen).sum() / n_gen
             (own - cfg["SFT_CONTEXT_LOSS"] * (logp * ctx).sum() / n_context).backward()
             loss += own.item()

@@ -76,10 +76,7 @@ def test_evisd_advantages_on_the_device_are_bounded_and_keep_the_sign(sampled, w
     with torch.no_grad(), model.autocast(device, dtype):
         logp = model.token_logprobs(lm, r.input_ids.to(device), r.attention_mask.to(device),
                                 r.gen_mask.to(device), temperature=cfg["TEMPERATURE"])  # [N, T]
-        token_adv, lp_teacher, _ = evisd.credit(lm, tok, world, r, adv, logp,
-                                                train.evisd_settings(cfg))
-    stats = evisd.gap_stats(adv, lp_teacher - logp, token_adv, r.gen_mask.to(device),
-                            r.action_kind.to(device))
+        token_adv, lp_teacher, _ = evisd.credit(lm, tok, world, r, adv, logp, cfg)
     assert token_adv.device.type == device.type and token_adv.shape == r.input_ids.shape
     gen, A = r.gen_mask.to(device).bool(), adv[:, None].expand_as(token_adv)
     assert (token_adv[~gen] == 0).all()
@@ -87,12 +84,13 @@ def test_evisd_advantages_on_the_device_are_bounded_and_keep_the_sign(sampled, w
     lam = cfg["EVISD_LAMBDA"]
     # bounded by lambda |A|, never sign-flipped
     assert ratio.min() >= 1 - lam - 1e-6 and ratio.max() <= 1 + lam + 1e-6
-    assert stats["modulated_frac"] > 0 and torch.isfinite(lp_teacher).all()
+    assert (ratio != 1).any() and torch.isfinite(lp_teacher).all()
 
 
 # GRPO, EviSD, and each row of the paper's ablation table (train.py's EviSD block)
 ROWS = {"grpo": {"METHOD": "grpo"}, "evisd": {}, "response": {"EVISD_SPAN": "response"},
-        "gated_loss": {"EVISD_FORM": "gated_loss", "EVISD_SPAN": "response"}, "answer_only": {"USE_SEARCH_EVIDENCE": False},
+        "gated_loss": {"EVISD_FORM": "gated_loss", "EVISD_SPAN": "response"},
+        "answer_only": {"USE_SEARCH_EVIDENCE": False},
         "shared": {"TEACHER_CONTEXT": "shared"}}
 
 
@@ -113,8 +111,7 @@ def test_one_update_on_the_device_moves_the_weights(sampled, world, tok, row, st
     metrics, record = train.rl_step(cfg, 0, world, lm, ref, tok, opt)
     assert "nonfinite_loss" not in metrics and metrics["kl"] == 0.0
     assert max((p.detach() - b).abs().max().item() for p, b in zip(lm.parameters(), before)) > 1e-5
-    beside = train.measure_beside(cfg, record)
-    assert ("modulated_frac" in beside) == (method == "evisd")
+    assert (metrics["modulated_frac"] > 0) == (method == "evisd" and row != "gated_loss")
     assert (record["gap"] != 0).any() == (method == "evisd")
     assert ("extra_loss" in metrics) == (row == "gated_loss")
 

@@ -11,6 +11,7 @@ import sys
 import time
 
 import pytest
+import torch
 
 import evaluate
 import model
@@ -162,6 +163,22 @@ def test_resume_with_other_settings_names_them(run_copy, capsys):
     # Settings that do not change what the run is are only noted: a longer run is the usual case.
     train.main(args + ["--resume", "--EVAL_EVERY=5"])
     assert "with changed settings: EVAL_EVERY=5 (checkpoint: 0)" in capsys.readouterr().out
+
+
+def test_resume_refuses_a_changed_evisd_setting_and_reads_a_missing_one_as_default(run_copy):
+    out, args = run_copy
+    with pytest.raises(SystemExit, match=r"another run: EVISD_LAMBDA=0.5 \(checkpoint: 0.2\)"):
+        train.main(args + ["--resume", "--EVISD_LAMBDA=0.5"])
+    # A checkpoint saved before a knob existed: the missing key reads as today's default.
+    for name in ckpt_names(out):
+        path = os.path.join(out, name, "state.pt")
+        state = torch.load(path, weights_only=False)
+        del state["config"]["ANSWER_AT"]
+        torch.save(state, path)
+    train.main(args + ["--resume", "--RL_STEPS=3"])
+    assert [r["step"] for r in rows(out) if not r.get("eval")] == [0, 1, 2]
+    with pytest.raises(SystemExit, match=r"another run: ANSWER_AT='tag' \(checkpoint: 'content'\)"):
+        train.main(args + ["--resume", "--RL_STEPS=4", "--ANSWER_AT=tag"])
 
 
 def test_resume_under_another_embedded_shape_stops_before_any_work(run_copy, monkeypatch):

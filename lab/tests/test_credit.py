@@ -1,14 +1,11 @@
-"""Tests for the credit-assignment lab: oracle labels (toy_world.label_actions) and their shares
-(toy_world.label_shares), the report card's AUC and misassigned mass (lab/credit.py), every credit
-rule's effective advantage and grades (--credit --rules), and the intervals of evaluate.py."""
+"""Tests for the credit-assignment lab: the report card's AUC and misassigned mass
+(lab/credit.py) and every credit rule's effective advantage and grades (--credit --rules). The
+oracle's labels it grades against: test_oracle.py."""
 import json
-import math
-import os
 
 import pytest
 import torch
 
-import evaluate
 import grpo
 import model
 import rollout
@@ -16,9 +13,7 @@ import runs
 import search_env
 import toy_world
 import train
-from lab import credit, curves, peers, real_data
-
-S, S_, A, A_ = search_env.SEARCH, search_env.SEARCH_END, search_env.ANSWER, search_env.ANSWER_END
+from lab import credit, peers, report
 
 
 @pytest.fixture(scope="module")
@@ -28,89 +23,6 @@ def world():
 
 def first(world, split, hops):
     return next(q for q in world.split(split) if q.hops == hops)
-
-
-def search(query):
-    return f"<think> look. </think>{S} {query} {S_}"
-
-
-def answer(text):
-    return f"<think> done. </think>{A} {text} {A_}"
-
-
-def labels(world, q, turns):
-    return [(a.kind, a.label, a.decision_ok) for a in toy_world.label_actions(q, world, turns)]
-
-
-def test_labels_of_a_clean_two_hop_episode(world):
-    q = first(world, "train", 2)
-    bridge = q.hop_queries[1]
-    assert labels(world, q, [search(q.hop_queries[0]), search(bridge), answer(q.answers[0])]) == [
-        ("search", "hit", True), ("search", "hit", True), ("answer", "correct", True)]
-
-
-def test_premature_answer_is_the_bridge_and_a_wrong_decision(world):
-    q = first(world, "train", 2)
-    bridge = q.hop_queries[1]
-    assert labels(world, q, [search(q.hop_queries[0]), answer(bridge)]) == [
-        ("search", "hit", True), ("answer", "premature", False)]
-    # The same bridge answer after all the evidence is in: the decision was right, the content not.
-    assert labels(world, q, [search(q.hop_queries[0]), search(bridge), answer(bridge)])[-1] == \
-        ("answer", "premature", True)
-
-
-def test_repeat_miss_wrong_invalid_and_searching_too_long(world):
-    q = first(world, "train", 2)
-    got = labels(world, q, ["no tags at all", search(q.hop_queries[0]), search(q.hop_queries[0]),
-                            search("zzz qqq"), answer("somebody else")])
-    assert got == [("invalid", "invalid", None), ("search", "hit", True),
-                   ("search", "repeat", True), ("search", "miss", True),
-                   ("answer", "wrong", False)]
-    q1 = first(world, "train", 1)
-    # Once the only evidence document is in, another search is the wrong decision.
-    assert labels(world, q1, [search(q1.hop_queries[0]), search(q1.hop_queries[0]),
-                              answer(q1.answers[0])]) == [
-        ("search", "hit", True), ("search", "repeat", False), ("answer", "correct", True)]
-
-
-def test_a_search_that_finds_only_other_documents_is_a_miss(world):
-    q = first(world, "train", 2)
-    other = next(d.title for d in world.docs
-                 if d.id not in q.evidence and d.title not in q.hop_queries)
-    (got,) = toy_world.label_actions(q, world, [search(other)])
-    assert got.label == "miss" and got.docs and not set(got.docs) & set(q.evidence)
-
-
-def test_three_hop_chain(world):
-    q = first(world, "ood", 3)
-    h0, h1, h2 = q.hop_queries
-    assert labels(world, q, [search(h0), search(h1), answer(h2)]) == [
-        ("search", "hit", True), ("search", "hit", True), ("answer", "premature", False)]
-    assert labels(world, q, [search(h0), answer(h1)])[-1] == ("answer", "premature", False)
-    assert labels(world, q, [search(h0), search(h1), search(h2), answer(q.answers[0])]) == [
-        ("search", "hit", True)] * 3 + [("answer", "correct", True)]
-
-
-def test_no_oracle_for_real_data():
-    data = os.path.join(os.path.dirname(__file__), "data")
-    corpus = real_data.read_corpus(os.path.join(data, "corpus.jsonl"))
-    q = real_data.read_jsonl_questions(os.path.join(data, "questions.jsonl"), corpus)[0]
-    # real data has its own: real_data.label_actions
-    assert toy_world.label_actions(q, corpus, [search("x")]) is None
-    # a plain corpus has no oracle
-    assert corpus.oracle_labels(q, [search("x")]) is None
-
-
-def test_label_shares(world):
-    q = first(world, "train", 2)
-    eps = [toy_world.label_actions(q, world, [search(q.hop_queries[0]), answer(q.hop_queries[1])]),
-           toy_world.label_actions(q, world, [search("zzz"), "junk", answer(q.answers[0])]), None]
-    got = toy_world.label_shares(eps)
-    assert got["label_answer_premature"] == 0.5 and got["label_answer_correct"] == 0.5
-    assert got["label_search_miss"] == 0.5 and got["label_search_hit"] == 0.5
-    assert got["label_invalid"] == pytest.approx(1 / 5)
-    # Wrong decisions: the premature answer, and answering after a miss.
-    assert got["label_decision_wrong"] == pytest.approx(2 / 4)
 
 
 def test_auc():
@@ -176,48 +88,6 @@ def test_report_card_on_a_scripted_batch(world):
         dict(card, episodes=2, scored_episodes=2))
 
 
-def test_t_interval_by_hand():
-    m, lo, hi = evaluate.t_interval([1.0, 2.0, 3.0, 4.0])
-    half = 3.182 * math.sqrt(5 / 3) / 2          # t_0.975(3) · s / √n, s² = 5/3
-    assert m == 2.5 and lo == pytest.approx(2.5 - half) and hi == pytest.approx(2.5 + half)
-    assert evaluate.t_interval([0.5]) == (0.5, None, None)
-
-
-def test_wilson_interval_by_hand():
-    lo, hi = evaluate.wilson(5, 10)
-    assert lo == pytest.approx(0.2366, abs=1e-4) and hi == pytest.approx(0.7634, abs=1e-4)
-    lo, hi = evaluate.wilson(0, 100)
-    assert lo == pytest.approx(0.0, abs=1e-12) and hi == pytest.approx(0.0370, abs=1e-4)
-
-
-def test_paired_differences():
-    rows = [dict(group=g, method=m, seed=s, macro=v, hop1=v, hop2=v)
-            for g, m, vals in (("evisd", "evisd", (0.5, 0.6, 0.7)),
-                               ("grpo", "grpo", (0.4, 0.6, 0.5)))
-            for s, v in enumerate(vals)]
-    # no pair
-    rows.append(dict(group="evisd", method="evisd", seed=9, macro=1.0, hop1=1.0, hop2=1.0))
-    # EM, and learning speed (evaluate.py --speed)
-    keys = evaluate.PAIRED_KEYS + curves.SPEED_KEYS
-    p = evaluate.paired_differences(rows, keys=keys)["evisd"]
-    assert p["baseline"] == "grpo" and p["seeds"] == [0, 1, 2]
-    assert [p["diff"][s]["macro"] for s in (0, 1, 2)] == pytest.approx([0.1, 0.0, 0.2])
-    assert p["macro"] == pytest.approx(evaluate.t_interval([0.1, 0.0, 0.2]))
-    # not logged
-    assert p["intervals"]["macro"] == p["macro"] and "partial_clear" not in p["intervals"]
-    # Learning speed pairs the same way, over the seeds that have it.
-    for r in rows:
-        r["partial_clear"] = {("evisd", 0): 5, ("evisd", 1): 8, ("grpo", 0): 9,
-                              ("grpo", 1): 8}.get((r["group"], r["seed"]))
-    p = evaluate.paired_differences(rows, keys=keys)["evisd"]
-    assert [p["diff"][s]["partial_clear"] for s in (0, 1, 2)] == [-4, 0, None]
-    assert p["intervals"]["partial_clear"] == pytest.approx(evaluate.t_interval([-4, 0]))
-    table = evaluate.summary_table(rows, {"evisd": p})
-    assert "| partial_clear | 8.500 | -2.000 [" in table and "| macro | 0.500 | +0.100 [" in table
-    with pytest.raises(SystemExit, match="no such run group"):
-        evaluate.paired_differences(rows, baseline="ppo")
-
-
 @pytest.mark.parametrize("tokenizer", ["embedded", "pretrained"])
 def test_decision_tag_covers_exactly_the_opening_tag(world, tokenizer, request):
     """The tag part ends at the token that completes `<search>`/`<answer>`, whether the tag is
@@ -243,16 +113,6 @@ def test_decision_tag_covers_exactly_the_opening_tag(world, tokenizer, request):
         assert opening not in tok.decode(r.input_ids[0, x["start"]:x["end"] - 1].tolist())
     if tokenizer == "pretrained":
         assert max(x["end"] - x["start"] for x in tags) > 1               # several tokens there
-
-
-def test_partial_name_query_is_labelled_partial_whatever_it_retrieves(world):
-    q = next(q for q in world.split("train")
-             if q.hops == 1 and toy_world._is_person(world, q.hop_queries[0]))
-    first_name, full = q.hop_queries[0].split()[0], q.hop_queries[0]
-    assert labels(world, q, [search(first_name)])[0] == ("search", "partial", True)
-    assert labels(world, q, [search(full)])[0] == ("search", "hit", True)
-    # Once the person's document is in, the first name names nothing still to be found.
-    assert labels(world, q, [search(full), search(first_name)])[1][1] in ("repeat", "miss")
 
 
 # ----------------------------------------------------------------------------- every rule (--rules)
@@ -394,13 +254,13 @@ def test_effective_advantages_of_every_rule_on_a_scripted_batch(world, scripted,
             assert (torch.sign(token_adv[gen]) == torch.sign(plain[gen])).all(), rule
     assert (eff["sdar"] >= plain).all()
     # The rules that act on m leave the tags (no m) at plain A.
-    m = credit.evisd.correction_mask(r, train.evisd_settings(cfg))
+    m = credit.evisd.correction_mask(r, cfg)
     for rule in ("evisd", "rlsd", "opsd", "sdar"):
         assert torch.equal(eff[rule][gen & ~m], plain[gen & ~m]), rule
 
 
-def test_rules_mode_end_to_end_through_evaluate(tmp_path, monkeypatch, capsys):
-    """``evaluate.py RUN --credit 2 --rules``: a tiny random model samples, every rule is graded
+def test_rules_mode_end_to_end_through_the_report(tmp_path, monkeypatch, capsys):
+    """``lab/report.py RUN --credit 2 --rules``: a tiny random model samples, every rule is graded
     on the same batches, the table is printed and the JSON written."""
     tok = model.build_tokenizer(model.tokenizer_texts(seeds=(0,)))
     torch.manual_seed(0)
@@ -409,11 +269,11 @@ def test_rules_mode_end_to_end_through_evaluate(tmp_path, monkeypatch, capsys):
                MAX_NEW_TOKENS=12, WORLD_SCALE=0.3)
     monkeypatch.setattr(runs, "load_run", lambda run: (lm, tok, cfg, None))
     out = str(tmp_path / "rules.json")
-    evaluate.main([str(tmp_path), "--credit", "2", "--rules", "--json", out])
+    report.main([str(tmp_path), "--credit", "2", "--rules", "--json", out])
     card = json.load(open(out))[str(tmp_path)]
     assert list(card["rules"]) == list(credit.RULES) and card["episodes"] == 4
     assert set(card["rules"]["sdar"]) == set(credit.CELLS) | {"zero_share"}
     printed = capsys.readouterr().out
     assert all(f"| {rule} | " in printed for rule in credit.RULES)
     with pytest.raises(SystemExit, match="one at a time"):
-        evaluate.main([str(tmp_path), "--credit", "2", "--rules", "--variants"])
+        report.main([str(tmp_path), "--credit", "2", "--rules", "--variants"])
