@@ -1,30 +1,28 @@
-"""BM25 retrieval over a corpus, the agent protocol, the search environment and the exact-match
-reward.
+"""BM25 retrieval over a corpus, the agent protocol, the search environment and its reward.
 
-Everything the agent interacts with lives here; the synthetic world it is trained on, its
-demonstrator and its oracle are in toy_world.py.
+Everything the agent interacts with lives here; the synthetic world it is trained on and its
+demonstrator are in toy_world.py.
 
 * ``Doc``, ``Question`` and ``World`` hold a corpus and its questions.
-* ``BM25`` is Okapi BM25 in numpy (postings lists, one ``bincount`` per query).
+* ``BM25`` is Okapi BM25 as the formula reads (a term-frequency Counter per document).
 * ``parse_action`` / ``format_information`` / ``SearchEnv`` implement the Search-R1 protocol:
   the model writes ``<search> q </search>`` and receives ``<information> ... </information>``,
   until it writes ``<answer> a </answer>``.
-* ``exact_match`` is the reward (SQuAD normalisation); ``f1_score`` is HotpotQA's answer F1.
+* ``exact_match`` is what evaluation reports (SQuAD normalisation); ``reward`` is what training
+  optimises, exact match unless edited.
 
-A retriever is anything with ``search(query, k)`` and ``search_batch(queries, k)`` returning
-``Doc`` lists: a ``World`` (BM25 over its corpus), or one of lab/real_data.py's (a question's own
-paragraphs, Search-R1's retrieval server). ``SearchEnv`` is given one and never asks which;
+A retriever is anything with ``search(query, k)`` returning ``Doc`` lists: a ``World`` (BM25
+over its corpus), or one of the lab's (lab/real_data.py: a question's own paragraphs, a big
+corpus, Search-R1's retrieval server). ``SearchEnv`` is given one and never asks which;
 ``episodes`` makes the envs of a batch.
 """
-import array
+import math
 import re
 import string
 import unicodedata
 from collections import Counter
 from dataclasses import dataclass, field
 from functools import cached_property
-
-import numpy as np
 
 # ----------------------------------------------------------------------------- protocol
 THINK, THINK_END = "<think>", "</think>"
@@ -46,7 +44,7 @@ _DROP_PUNCT = str.maketrans("", "", string.punctuation)
 def normalize_answer(text):
     """SQuAD normalisation: lower-case, drop punctuation and the articles a/an/the, squeeze
     spaces."""
-    # one C call: BM25 tokenises a million passages with it
+    # one C call: the lab's BM25 tokenises a million passages with it
     text = text.lower().translate(_DROP_PUNCT)
     text = re.sub(r"\b(a|an|the)\b", " ", text)
     return " ".join(text.split())
@@ -65,16 +63,9 @@ def exact_match(prediction, answers):
     return float(any(pred == normalize_answer(a) for a in answers))
 
 
-def f1_score(prediction, answers):
-    """HotpotQA's answer F1 (SQuAD's token F1; yes, no and noanswer count only when they match
-    exactly), the best over the accepted answers; 0 without an answer."""
-    def f1(pred, gold):
-        p, g = normalize_answer(pred), normalize_answer(gold)
-        if p != g and {p, g} & {"yes", "no", "noanswer"}:
-            return 0.0
-        same = sum((Counter(p.split()) & Counter(g.split())).values())
-        return 0.0 if same == 0 else 2 * same / (len(p.split()) + len(g.split()))
-    return 0.0 if prediction is None else max(f1(prediction, a) for a in answers)
+def reward(prediction, answers):
+    """The training reward: change it here (to F1, say) and evaluation still reports EM."""
+    return exact_match(prediction, answers)
 
 
 # ----------------------------------------------------------------------------- data types
@@ -118,10 +109,7 @@ class World:
 
     def search(self, query, k=3):
         """Doc objects of the top-k BM25 hits for a query."""
-        return [self.docs[i] for i in self.bm25.search_indices(query, k)]
-
-    def search_batch(self, queries, k=3):
-        return [self.search(q, k) for q in queries]
+        return [self.docs[i] for i, _ in self.bm25.search(query, k)]
 
     def retriever(self, question):
         """What serves a question's searches: here the whole corpus. lab/real_data.py's worlds
@@ -132,11 +120,6 @@ class World:
         """The gold evidence EviSD's teacher reads before a search action."""
         return [self.doc_by_id[i] for i in question.evidence]
 
-    def oracle_labels(self, question, turns, top_k=3):
-        """The oracle's grade of each generated turn (toy_world.ToyWorld has one); None: no
-        oracle."""
-        return None
-
 
 class RetrieverError(SystemExit):
     """A retriever that failed for good (a retrieval server that stopped answering): train.py
@@ -145,53 +128,38 @@ class RetrieverError(SystemExit):
 
 # ----------------------------------------------------------------------------- BM25
 class BM25:
-    """Okapi BM25 over a list of texts. Postings are stored term-major, so a query costs one
-    ``bincount`` over the postings of its terms, whatever the corpus size."""
+    """Okapi BM25 over a list of texts, read straight off the formula: each document's term
+    counts, each term's document frequency, and for a query a sum over its terms. A query looks
+    at every document, which a toy world's few hundred afford; lab/retrieval.py has the
+    postings index a million passages need."""
 
     def __init__(self, texts, k1=1.2, b=0.75):
-        self.vocab, term_ids, lengths = {}, array.array("q"), array.array("q")
-        for text in texts:   # one passage at a time: a million passages never exist as token lists
-            n = len(term_ids)
-            term_ids.extend(self.vocab.setdefault(w, len(self.vocab)) for w in tokenize(text))
-            lengths.append(len(term_ids) - n)
-        self.n_docs = len(lengths)
-        doc_ids = np.repeat(np.arange(self.n_docs), np.frombuffer(lengths, dtype=np.int64))
-        lengths = np.frombuffer(lengths, dtype=np.int64).astype(np.float64)
-        term_ids = np.frombuffer(term_ids, dtype=np.int64)
-        # One key per (term, doc) pair; unique() sorts by term and counts term frequencies.
-        keys, tf = np.unique(term_ids * self.n_docs + doc_ids, return_counts=True)
-        del term_ids, doc_ids
-        term, doc = keys // self.n_docs, keys % self.n_docs
-        df = np.bincount(term, minlength=len(self.vocab))
-        idf = np.log(1.0 + (self.n_docs - df + 0.5) / (df + 0.5))  # Lucene's, never negative
-        norm = k1 * (1.0 - b + b * lengths[doc] / max(lengths.mean() if self.n_docs else 0.0, 1e-9))
-        self.post_doc = doc
-        self.post_weight = idf[term] * tf * (k1 + 1.0) / (tf + norm)
-        self.offsets = np.searchsorted(term, np.arange(len(self.vocab) + 1))
+        self.k1, self.b = k1, b
+        self.tf = [Counter(tokenize(text)) for text in texts]    # term -> count, per document
+        self.length = [sum(tf.values()) for tf in self.tf]
+        self.avg_length = max(sum(self.length) / len(self.length) if texts else 0.0, 1e-9)
+        n, df = len(self.tf), Counter(w for tf in self.tf for w in tf)
+        # Lucene's idf: never negative, even for a term in most documents
+        self.idf = {w: math.log(1.0 + (n - d + 0.5) / (d + 0.5)) for w, d in df.items()}
 
     def scores(self, query):
-        """BM25 score of every document for the query, shape [n_docs]."""
-        ids = [self.vocab[w] for w in tokenize(query) if w in self.vocab]
-        if not ids:
-            return np.zeros(self.n_docs)
-        sl = [slice(self.offsets[i], self.offsets[i + 1]) for i in ids]
-        return np.bincount(np.concatenate([self.post_doc[s] for s in sl]),
-                           weights=np.concatenate([self.post_weight[s] for s in sl]),
-                           minlength=self.n_docs)
-
-    def search_indices(self, query, k=3):
-        """Indices of the top-k documents with a positive score; ties go to the lower index.
-        The k-th best score comes from a partition, O(n_docs), and only the documents scoring
-        at least that much are sorted: a query never sorts the whole corpus."""
-        s = self.scores(query)
-        kth = np.partition(s, len(s) - k)[len(s) - k] if k < len(s) else 0.0
-        candidates = np.flatnonzero(s >= max(kth, np.finfo(np.float64).tiny))   # ascending index
-        return [int(i) for i in candidates[np.argsort(-s[candidates], kind="stable")][:k]]
+        """BM25 score of every document for the query, a list [n_docs]. A word the query
+        repeats counts once for each time it appears."""
+        k1, b = self.k1, self.b
+        scores = [0.0] * len(self.tf)
+        for w in tokenize(query):
+            for i, tf in enumerate(self.tf):
+                if w in tf:
+                    norm = k1 * (1.0 - b + b * self.length[i] / self.avg_length)
+                    scores[i] += self.idf[w] * tf[w] * (k1 + 1.0) / (tf[w] + norm)
+        return scores
 
     def search(self, query, k=3):
-        """(doc index, score) pairs of the top-k hits, best first."""
+        """(doc index, score) pairs of the top-k documents with a positive score, best first;
+        ties go to the lower index (sorted() keeps the order of equal keys)."""
         s = self.scores(query)
-        return [(i, float(s[i])) for i in self.search_indices(query, k)]
+        best = sorted((i for i in range(len(s)) if s[i] > 0), key=lambda i: -s[i])
+        return [(i, s[i]) for i in best[:k]]
 
 
 # ----------------------------------------------------------------------------- the protocol
@@ -288,7 +256,8 @@ class StepResult:
 
 class SearchEnv:
     """One multi-turn episode for one question: each generated turn in, an observation out.
-    ``retriever`` answers its searches (a World, or see the module docstring)."""
+    ``retriever`` answers its searches (a World, or see the module docstring). ``reward`` is
+    what training optimises, ``em`` what evaluation reports: the same until ``reward`` changes."""
 
     def __init__(self, retriever, question, max_turns=4, top_k=3):
         if max_turns < 1:
@@ -297,25 +266,24 @@ class SearchEnv:
             raise ValueError(f"top_k must be >= 1, got {top_k}")
         self.retriever, self.question = retriever, question
         self.max_turns, self.top_k = max_turns, top_k
-        self.turns, self.done, self.reward, self.answer = 0, False, 0.0, None
+        self.turns, self.done, self.reward, self.em, self.answer = 0, False, 0.0, 0.0, None
 
-    def step(self, turn_text, retrieved=None):
-        """One turn. ``retrieved``: its search's documents when step_all fetched them already."""
+    def step(self, turn_text):
+        """One turn: a search is run, an answer ends the episode and is scored."""
         if self.done:
             raise RuntimeError("step() called on a finished episode")
         self.turns += 1
         action = parse_action(turn_text)
         if action.kind == "answer":
             self.done, self.answer = True, action.content
-            self.reward = exact_match(action.content, self.question.answers)
+            self.reward = reward(action.content, self.question.answers)
+            self.em = exact_match(action.content, self.question.answers)
             return StepResult("", True, self.reward, action)
         if self.turns >= self.max_turns:
             self.done = True
             return StepResult("", True, 0.0, action)
         if action.kind == "search":
-            docs = (self.retriever.search(action.content, self.top_k) if retrieved is None
-                    else retrieved)
-            obs = format_information(docs)
+            obs = format_information(self.retriever.search(action.content, self.top_k))
         else:
             obs = INVALID_OBSERVATION
         return StepResult(obs, False, 0.0, action)
@@ -326,20 +294,3 @@ def episodes(world, questions, group_size=1, max_turns=4, top_k=3):
     retriever its world gives it. rollout.rollout plays them as one batch."""
     return [SearchEnv(world.retriever(q), q, max_turns, top_k)
             for q in questions for _ in range(group_size)]
-
-
-def step_all(envs, turn_texts):
-    """``env.step(text)`` for every env and its turn, with all of the turn's searches that go to
-    one retriever sent in one ``search_batch`` call: one request per turn to a retrieval server,
-    however many episodes are playing. A search on an episode's last turn is never run."""
-    batches = {}                       # (retriever, top_k) -> [(env index, query)]
-    for i, (env, text) in enumerate(zip(envs, turn_texts)):
-        action = parse_action(text)
-        if action.kind == "search" and not env.done and env.turns + 1 < env.max_turns:
-            batches.setdefault((id(env.retriever), env.top_k), []).append((i, action.content))
-    retrieved = {}
-    for items in batches.values():
-        env = envs[items[0][0]]
-        retrieved.update(zip([i for i, _ in items],
-                             env.retriever.search_batch([q for _, q in items], env.top_k)))
-    return [env.step(text, retrieved.get(i)) for i, (env, text) in enumerate(zip(envs, turn_texts))]

@@ -1,31 +1,25 @@
-"""The toy world: a synthetic encyclopaedia, its questions, an expert that demonstrates them,
-and the oracle that knows which of an agent's actions were good.
+"""The toy world: a synthetic encyclopaedia, its questions and the expert that demonstrates them.
 
 * ``make_world(seed)`` builds people, cities, countries, films and companies whose names are
   spelled from a fixed syllable inventory, one short document per entity, and 1-, 2- and
   3-hop questions over them. Nothing in it is known to any pretrained model, so the only way
   to answer is to search and copy.
 * ``expert_episode`` writes demonstrations through the real env (search_env.SearchEnv) for
-  the supervised warm-up, with the slips and habits a warm-up should leave for RL to fix.
-* ``label_actions`` grades each generated action against the truth the world knows: the
-  oracle that EviSD's teacher is measured against (lab/credit.py); ``label_shares`` turns a
-  batch's labels into the shares train.py logs beside every RL step.
+  the supervised warm-up, with the slips and habits a warm-up should leave for RL to fix. The
+  chain it follows (``hop_queries``, ``hop_facts``) is also what lab/oracle.py grades against.
 
 Run ``python toy_world.py`` for a ten-second tour of a world.
 """
 import random
-from collections import defaultdict
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from search_env import (ANSWER, ANSWER_END, SEARCH, SEARCH_END, THINK, THINK_END, Doc, Question,
-                        SearchEnv, World, exact_match, parse_action, tokenize)
+                        SearchEnv, World, tokenize)
 
 # ----------------------------------------------------------------------------- the synthetic world
 # Names are spelled from these syllables, so an unseen name is made of familiar pieces. Few
-# syllables and two per word make copying a name learnable by the tiny model within the warm-up:
-# with 46 syllables and words of 2-3, 900 warm-up steps copied only a name's first piece
-# (held-out EM 0.00); with these 20, two per word, the same 900 steps reach test EM 0.70
-# (seed 0, without the stop-early habit).
+# syllables and two per word keep copying a name learnable by the tiny model within the warm-up
+# (docs/design-notes.md: how many syllables failed).
 SYLLABLES = ("ka", "lo", "mi", "ra", "ven", "tor", "sil", "bar", "dun", "fel", "gor", "hal",
              "jin", "kel", "mor", "nas", "pel", "quin", "ros", "tam")
 FILM_WORDS = ("nights", "rising", "letters", "harbor", "winter", "garden", "road", "echo")
@@ -208,14 +202,7 @@ def make_world(seed=0, n_people=SIZES["n_people"], n_cities=SIZES["n_cities"],
                 qid=f"w{seed}-q{len(questions):04d}", question=template.format(subject),
                 answers=[entity], evidence=[doc_id[e] for e in queries], hops=hops, split=split,
                 hop_queries=queries, hop_facts=sentences))
-    return ToyWorld(docs, questions, seed=seed)
-
-
-class ToyWorld(World):
-    """A synthetic world: a World whose oracle knows which actions were good."""
-
-    def oracle_labels(self, question, turns, top_k=3):
-        return label_actions(question, self, turns, top_k)
+    return World(docs, questions, seed=seed)
 
 
 # ---------------------------------------------------------------------------- expert demonstrations
@@ -312,93 +299,6 @@ def expert_episode(question, world, noise=0.0, rng=None, max_turns=4, top_k=3, s
     if not env.done:       # entity is the answer, or the bridge when a hop was skipped
         act(f"{THINK} {fact}. {THINK_END}{ANSWER} {entity} {ANSWER_END}")
     return Episode(question, turns, observations, env.reward, env.answer)
-
-
-# ----------------------------------------------------------------------------- oracle labels
-@dataclass
-class ActionLabel:
-    kind: str            # "search" | "answer" | "invalid"
-    # search: hit | partial | repeat | miss; answer: correct | premature | wrong; invalid
-    label: str
-    decision_ok: bool    # was the opening tag's choice right? None for invalid turns
-    docs: list = field(default_factory=list)   # search: ids of the documents it retrieves
-
-GOOD_LABELS = ("hit", "correct")    # every other label of an action's content is a bad one
-
-
-def search_label(found, seen):
-    """``hit`` if a search found evidence its episode had not seen, ``repeat`` if it found only
-    evidence already seen, ``miss`` if it found none (``found``, ``seen``: sets of evidence)."""
-    return "hit" if found - seen else "repeat" if found else "miss"
-
-
-def label_actions(question, world, turns, top_k=3):
-    """One ``ActionLabel`` per generated turn of an episode, from what its searches retrieve.
-
-    search: ``partial`` if it names an entity of the chain still to be found by only part of
-    its name (first names are shared, so such a query is a gamble whatever it retrieves), else
-    ``hit`` if it retrieves an evidence document not seen before in the episode, ``repeat`` if
-    it retrieves only evidence already seen, ``miss`` if no evidence at all.
-    answer: ``correct`` (EM 1), ``premature`` (it names an intermediate entity of the chain,
-    such as the bridge of a 2-hop question), ``wrong`` (anything else).
-    The decision the opening tag makes: answering is right once every evidence document has
-    been retrieved, searching is right while one has not.
-    A search on the last allowed turn, which the env no longer runs, is graded by what it would
-    retrieve (BM25 is deterministic): the label grades the query. Returns None for questions
-    without an oracle chain (real data has its own: lab/real_data.py's label_actions).
-    """
-    if not question.hop_queries:
-        return None
-    evidence, seen, labels = set(question.evidence), set(), []
-    intermediates = question.hop_queries[1:]
-    for text in turns:
-        action = parse_action(text)
-        all_seen = evidence <= seen
-        if action.kind == "search":
-            docs = [d.id for d in world.search(action.content, top_k)]
-            found = evidence.intersection(docs)
-            words = tokenize(action.content)
-            names = [tokenize(world.doc_by_id[d].title) for d in evidence - seen]
-            partial = any(words and len(words) < len(n) and set(words) <= set(n) for n in names)
-            label = "partial" if partial else search_label(found, seen)
-            labels.append(ActionLabel("search", label, not all_seen, docs))
-            seen |= found
-        elif action.kind == "answer":
-            if exact_match(action.content, question.answers):
-                label = "correct"
-            elif exact_match(action.content, intermediates):
-                label = "premature"
-            else:
-                label = "wrong"
-            labels.append(ActionLabel("answer", label, all_seen))
-        else:
-            labels.append(ActionLabel("invalid", "invalid", None))
-    return labels
-
-
-def label_shares(labels):
-    """What the policy does, as shares of a batch's actions: each search label among searches,
-    each answer label among answers, wrong decisions among actions, invalid turns among turns.
-    ``labels``: one list of ActionLabels per episode (None: no oracle). The learning curves of
-    lab/curves.py read these from metrics.jsonl."""
-    counts = defaultdict(int)
-    for episode in labels:
-        for a in episode or []:
-            if a.label is None:            # real data that cannot say (lab/real_data.py)
-                continue
-            counts[a.kind] += 1
-            counts[f"{a.kind}_{a.label}"] += 1
-            counts["decision_wrong"] += a.decision_ok is False
-    turns = counts["search"] + counts["answer"] + counts["invalid"]
-    out = {}
-    for kind, names in (("search", ("hit", "partial", "repeat", "miss")),
-                        ("answer", ("correct", "premature", "wrong"))):
-        for name in names:
-            share = counts[f"{kind}_{name}"] / counts[kind] if counts[kind] else None
-            out[f"label_{kind}_{name}"] = share
-    out["label_decision_wrong"] = counts["decision_wrong"] / max(turns - counts["invalid"], 1)
-    out["label_invalid"] = counts["invalid"] / max(turns, 1)
-    return out
 
 
 # ----------------------------------------------------------------------------- tour

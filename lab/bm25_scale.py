@@ -1,6 +1,7 @@
-"""How far in-memory BM25 (search_env.BM25) scales: index build time, memory and ms per query on
-synthetic passages shaped like wiki-18's (a two-word title and 100 words, words drawn from a
-Zipf law over a 300k-word vocabulary, so common words have posting lists as long as the corpus).
+"""How far in-memory BM25 (lab/retrieval.py's PostingsBM25) scales: index build time, memory
+and ms per query on synthetic passages shaped like wiki-18's (a two-word title and 100 words,
+words drawn from a Zipf law over a 300k-word vocabulary, so common words have posting lists as
+long as the corpus).
 
     nice -n 19 python lab/bm25_scale.py 100000  # one size per process: its peak memory is its own
     nice -n 19 python lab/bm25_scale.py 1000000
@@ -18,7 +19,7 @@ import time
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-import search_env  # noqa: E402
+from lab.retrieval import PostingsBM25  # noqa: E402
 
 VOCAB, WORDS, ZIPF = 300_000, 100, 1.07
 
@@ -42,7 +43,7 @@ def main(n):
     rss = lambda: resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20   # GiB (Linux: KiB)
     before = rss()
     t0 = time.perf_counter()
-    bm25 = search_env.BM25(texts)
+    bm25 = PostingsBM25(texts)
     build_s = time.perf_counter() - t0
     arrays = sum(a.nbytes for a in (bm25.post_doc, bm25.post_weight, bm25.offsets)) / 2**30
     queries = [" ".join(vocab[i] for i in rng.choice(VOCAB, size=rng.integers(3, 9), p=p))

@@ -5,7 +5,7 @@ EviSD corrects the advantage of each action content token by λ|A|·tanh(τg), w
 g = log p_teacher − log p_student. Whatever the sign of A, that moves credit the right way
 exactly when g > 0 on good actions and g < 0 on bad ones: a good search in a failed episode is
 penalised less, a premature answer in a lucky one rewarded less. A synthetic world knows
-which actions were good (``toy_world.label_actions``), so the teacher can be graded:
+which actions were good (the oracle, lab/oracle.py), so the teacher can be graded:
 
 * ``action_records`` cuts every action of the scored episodes into its *decision tag* (the
   opening ``<search>``/``<answer>``: search now or answer now?) and its *content* (the query
@@ -41,9 +41,8 @@ import model
 import rollout
 import runs
 import search_env
-import toy_world
 import train
-from lab import peers
+from lab import oracle, peers
 
 PARTS = ("tag", "content")
 
@@ -57,7 +56,7 @@ def episode_labels(rollouts, world, top_k):
     """The oracle labels of every episode of a Rollouts batch: a list (None where unknown)."""
     if rollouts.turn_texts is None:        # a batch built from transcripts, not played
         return [None] * len(rollouts.questions)
-    return [world.oracle_labels(q, turns, top_k)
+    return [oracle.oracle_labels(world, q, turns, top_k)
             for q, turns in zip(rollouts.questions, rollouts.turn_texts)]
 
 
@@ -83,7 +82,7 @@ def action_records(rollouts, labels, adv, gap, weight, rows):
             for part, (a, b), good, name in (
                     ("tag", (start, cut), lab.decision_ok, "right" if lab.decision_ok else "wrong"),
                     ("content", (cut, end),
-                     None if lab.label is None else lab.label in toy_world.GOOD_LABELS, lab.label)):
+                     None if lab.label is None else lab.label in oracle.GOOD_LABELS, lab.label)):
                 if b <= a or good is None:     # real data that cannot say: no record
                     continue
                 records.append(dict(kind=kind, part=part, label=name, good=bool(good),
@@ -243,7 +242,7 @@ def report(lm, tokenizer, cfg, sets, seed=0, progress=None, variants=None):
     for name in configs:
         cards[name] = summarise(records[name], adv, concat(token_advs[name]))
         cards[name].update(episodes=len(adv), scored_episodes=int((adv != 0).sum()),
-                           shares=toy_world.label_shares(labels_all))
+                           shares=oracle.label_shares(labels_all))
     return cards if variants else cards[""]
 
 
@@ -430,7 +429,7 @@ def rules_report(lm, tokenizer, cfg, sets, seed=0, progress=None):
     adv = torch.cat(all_adv)
     return dict(rules=grade_rules(records, adv, {k: concat(v) for k, v in effective.items()}),
                 episodes=len(adv), zero_episodes=int((adv == 0).sum()),
-                shares=toy_world.label_shares(labels_all))
+                shares=oracle.label_shares(labels_all))
 
 
 def rules_table(card):

@@ -1,7 +1,8 @@
 """Real questions and real retrieval: HotpotQA, 2WikiMultiHopQA, MuSiQue and Search-R1's files,
-searched by BM25 in memory or through Search-R1's retrieval server; the teacher's evidence and
-the oracle's labels on real data, and their evaluation (dev EM and F1). docs/real-data.md has the
-details. train.py and evaluate.py switch this module on where DATA is not "toy".
+searched by BM25 in memory (lab/retrieval.py for a big corpus) or through Search-R1's retrieval
+server; the teacher's evidence on real data; dev scores (EM and HotpotQA's answer F1). The
+oracle's labels on real data are lab/oracle.py's. docs/real-data.md has the details.
+train.py and evaluate.py switch this module on where DATA is not "toy".
 
 A dataset becomes what the toy world is to the rest of the code: a ``RealWorld`` holds a split's
 questions, hands ``SearchEnv`` each question's retriever and EviSD's teacher its evidence.
@@ -23,6 +24,7 @@ import re
 import time
 import urllib.error
 import urllib.request
+from collections import Counter
 from dataclasses import dataclass, field
 
 import torch
@@ -30,8 +32,8 @@ import torch
 import evaluate
 import model
 import search_env
-from search_env import Doc, exact_match, f1_score, normalize_answer, parse_action
-from toy_world import ActionLabel, search_label
+from lab import retrieval
+from search_env import Doc, exact_match, normalize_answer
 
 # the train file's first ones (at most a tenth): for choosing settings, never trained on
 VALIDATION_QUESTIONS = 500
@@ -144,11 +146,12 @@ def _doc(row, where, error=DataError):
 
 
 def read_corpus(path):
-    """A shared corpus as a World (searched by BM25, built on the first search)."""
+    """A shared corpus as a World searched by the postings BM25 (lab/retrieval.py), built on the
+    first search."""
     docs = [_doc(row, f"{path}:{n}") for n, row in _jsonl(path)]
     if not docs:
         raise DataError(f"{path}: no documents")
-    return search_env.World(docs, [])
+    return retrieval.Corpus(docs, [])
 
 
 # ----------------------------------------------------------------------------- formats
@@ -347,8 +350,9 @@ READERS = {"hotpotqa": read_hotpotqa, "2wiki": read_hotpotqa, "musique": read_mu
 class ServerRetriever:
     """Search-R1's retrieval server (search_r1/search/retrieval_server.py): ``POST /retrieve`` with
     ``{"queries", "topk", "return_scores"}``, answered by
-    ``{"result": [[{"document", "score"}]]}``."""
-    remote = True   # label_actions does not search through it a second time
+    ``{"result": [[{"document", "score"}]]}``. ``search_batch`` sends many queries in one
+    request, for lab code that batches; a rollout's env searches one query at a time."""
+    remote = True   # the oracle (lab/oracle.py) does not search through it a second time
 
     def __init__(self, url, timeout=None, attempts=None, backoff=None):
         self.url, self.timeout, self.attempts = (url, timeout or SERVER_TIMEOUT_S,
@@ -451,9 +455,6 @@ class RealWorld(search_env.World):
                 if any(a in f" {normalize_answer(d.title + ' ' + d.text)} " for a in answers)]
         return self._passages[question.qid]
 
-    def oracle_labels(self, question, turns, top_k=3):
-        return label_actions(question, self, turns, top_k)
-
 
 _cache = {}   # files are read, and servers and corpora set up, once per process
 
@@ -524,6 +525,18 @@ def check_config(cfg):
 
 
 # ----------------------------------------------------------------------------- evaluation
+def f1_score(prediction, answers):
+    """HotpotQA's answer F1 (SQuAD's token F1; yes, no and noanswer count only when they match
+    exactly), the best over the accepted answers; 0 without an answer."""
+    def f1(pred, gold):
+        p, g = normalize_answer(pred), normalize_answer(gold)
+        if p != g and {p, g} & {"yes", "no", "noanswer"}:
+            return 0.0
+        same = sum((Counter(p.split()) & Counter(g.split())).values())
+        return 0.0 if same == 0 else 2 * same / (len(p.split()) + len(g.split()))
+    return 0.0 if prediction is None else max(f1(prediction, a) for a in answers)
+
+
 def questions(cfg, n=None, validation=False):
     """(world, questions): the dev (or validation) split, or a fixed sample of ``n`` of it."""
     world = dataset(cfg, "validation" if validation else "dev")
@@ -565,36 +578,3 @@ def dev_table(rows):
     return "\n".join(["| run | seed | questions | EM [95%] | F1 [95%] |", "|---|---|---|---|---|"] +
                      [f"| {r['run']} | {r['seed']} | {r['n']} | {cell(r, 'em')} | {cell(r, 'f1')} |"
                       for r in rows])
-
-
-# ----------------------------------------------------------------------------- labels
-def label_actions(question, world, turns, top_k=3):
-    """toy_world.label_actions' labels, as far as the data can tell: a search is a ``hit`` when it
-    retrieves a supporting paragraph not yet seen, a ``repeat`` when only seen ones, else a
-    ``miss``; an answer ``correct``, ``premature`` (naming one of ``intermediates``) or ``wrong``;
-    a decision right when it answers with every supporting paragraph seen or searches while one
-    is missing. None where the data cannot say: no supporting paragraphs, or a server to ask
-    again."""
-    retriever = world.retriever(question)
-    known = bool(question.support) and not getattr(retriever, "remote", False)
-    support, seen, labels = {normalize_answer(d.title) for d in question.support}, set(), []
-    for text in turns:
-        action = parse_action(text)
-        complete = support <= seen
-        if action.kind == "search":
-            label = None
-            if known:   # paragraphs are told apart by title: a shared corpus has its own ids
-                found = {normalize_answer(d.title)
-                         for d in retriever.search(action.content, top_k)} & support
-                label = search_label(found, seen)
-                seen |= found
-            labels.append(ActionLabel("search", label, (not complete) if known else None))
-        elif action.kind == "answer":
-            label = ("correct" if exact_match(action.content, question.answers)
-                     else "premature" if exact_match(action.content, question.intermediates)
-                     else "wrong")
-            labels.append(ActionLabel("answer", label, complete if known else None))
-        else:
-            labels.append(ActionLabel("invalid", "invalid", None))
-    return labels
-

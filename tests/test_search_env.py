@@ -1,5 +1,8 @@
-"""Tests for search_env.py: normalisation, BM25, the protocol, the env (real data:
+"""Tests for search_env.py: normalisation, BM25, the protocol, the env and its reward (real data:
 test_real_data.py)."""
+import math
+import random
+
 import pytest
 
 import search_env
@@ -46,7 +49,6 @@ def test_bm25_ranks_expected_doc_first():
 
 
 def test_bm25_matches_textbook_formula():
-    import math
     docs = ["a b b c", "b c c c d", "d e"]
     bm25 = search_env.BM25(docs, k1=1.2, b=0.75)
     toks = [search_env.tokenize(d) for d in docs]
@@ -66,6 +68,39 @@ def test_bm25_matches_textbook_formula():
         got = bm25.scores(q)
         for d in range(3):
             assert got[d] == pytest.approx(score(q, d), rel=1e-9)
+
+
+def brute_force_bm25(texts, query, k1=1.2, b=0.75):
+    """Okapi BM25 read off the formula, one document at a time: Lucene's idf
+    log(1 + (N - df + 0.5) / (df + 0.5)) times tf (k1 + 1) / (tf + k1 (1 - b + b |d| / avgdl)),
+    summed over the query's words in order (a repeated word counts each time)."""
+    docs = [search_env.tokenize(t) for t in texts]
+    avgdl = sum(map(len, docs)) / len(docs)
+    scores = []
+    for d in docs:
+        s = 0.0
+        for w in search_env.tokenize(query):
+            df, tf = sum(w in other for other in docs), d.count(w)
+            if tf:
+                idf = math.log(1 + (len(docs) - df + 0.5) / (df + 0.5))
+                s += idf * tf * (k1 + 1) / (tf + k1 * (1 - b + b * len(d) / avgdl))
+        scores.append(s)
+    return scores
+
+
+def test_bm25_top_k_is_the_formula_fully_sorted():
+    # Few words, short documents: many exact ties, repeated words in documents and queries.
+    rng = random.Random(0)
+    words = ["kalo", "mira", "tor", "ven", "lunel"]
+    texts = [" ".join(rng.choices(words, k=rng.randint(1, 6))) for _ in range(60)]
+    bm25 = search_env.BM25(texts)
+    for query in [" ".join(rng.choices(words + ["zzz"], k=rng.randint(1, 4))) for _ in range(50)]:
+        s = brute_force_bm25(texts, query)
+        assert bm25.scores(query) == s          # the same sums, in the same order: bit for bit
+        # every positive score, best first, ties to the lower index
+        ranked = sorted((i for i in range(len(s)) if s[i] > 0), key=lambda i: (-s[i], i))
+        for k in (1, 3, 100):
+            assert bm25.search(query, k) == [(i, s[i]) for i in ranked[:k]]
 
 
 @pytest.mark.parametrize("turn", [
@@ -116,7 +151,15 @@ def test_env_episode_flow(world):
         env.step("<answer> x </answer>")
     env = search_env.SearchEnv(world, q)
     r = env.step(f"<answer> {q.answers[0].upper()} </answer>")
-    assert r.done and r.reward == 1.0 and env.answer == q.answers[0].upper()
+    assert r.done and r.reward == 1.0 and env.em == 1.0 and env.answer == q.answers[0].upper()
+
+
+def test_the_reward_can_change_without_changing_what_evaluation_reads(world, monkeypatch):
+    q = world.split("train")[0]
+    monkeypatch.setattr(search_env, "reward", lambda prediction, answers: 0.5)
+    env = search_env.SearchEnv(world, q)
+    r = env.step(f"<answer> {q.answers[0]} </answer>")
+    assert r.reward == env.reward == 0.5 and env.em == 1.0
 
 
 def test_format_information_is_the_single_format(world):

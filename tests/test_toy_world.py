@@ -134,7 +134,6 @@ def test_partial_name_habit_searches_a_first_name_and_follows_whoever_it_finds(w
     for q, ep in habit:
         first_query = search_env.parse_action(ep.turns[0]).content
         assert first_query == q.hop_queries[0].split()[0]            # the first name only
-        assert toy_world.label_actions(q, world, ep.turns)[0].label == "partial"
         if ep.reward == 0.0:     # it followed someone else: the facts it quotes are theirs
             assert q.hop_queries[0] not in ep.turns[1]
     wrong = sum(ep.reward == 0.0 for _, ep in habit) / len(habit)

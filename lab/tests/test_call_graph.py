@@ -45,6 +45,6 @@ def test_a_step_that_searches_and_scores_stays_as_short(tok, trained, world):
     r = records[-1]["rollouts"]
     assert any(s.kind == "search" for spans in r.spans for s in spans)
     assert (records[-1]["gap"] != 0).any()                    # the teacher ran
-    assert {"rollout", "action_ranges", "step_all", "credit", "teacher_logprobs",
+    assert {"rollout", "action_ranges", "step", "credit", "teacher_logprobs",
             "evisd_correction", "policy_loss"} <= {n for _, _, n in found}
     check(found, MOST_WARM)

@@ -1,7 +1,8 @@
-"""Tests for lab/real_data.py: every format's fixture as distributed, bad input as one line, BM25's
-top-k, Search-R1's retrieval server through a local stub (a rollout, one request per turn, its
-failures), the teacher's evidence and the oracle's labels on real data, and the pretrained-style
-stand-in training and evaluating (EM, F1, --credit) on the HotpotQA fixture."""
+"""Tests for lab/real_data.py: every format's fixture as distributed, bad input as one line, the
+big-corpus BM25 (lab/retrieval.py), Search-R1's retrieval server through a local stub (a rollout,
+one request per search, its failures), the teacher's evidence and the oracle's labels on real
+data (lab/oracle.py), and the pretrained-style stand-in training and evaluating (EM, F1,
+--credit) on the HotpotQA fixture."""
 import json
 import os
 import subprocess
@@ -20,7 +21,7 @@ import model
 import rollout
 import search_env
 import train
-from lab import real_data
+from lab import oracle, real_data, retrieval
 from test_rollout import ForcedLM
 
 DATA = os.path.join(os.path.dirname(__file__), "data")
@@ -233,11 +234,11 @@ def test_the_evidence_settings():
 
 
 def test_f1_is_hotpotqas():
-    assert search_env.f1_score("the Aurel Strand", ["Aurel Strand"]) == 1.0
-    assert search_env.f1_score("Strand engineer", ["x", "Aurel Strand"]) == 0.5
-    assert (search_env.f1_score("yes", ["no"]) == 0.0
-            and search_env.f1_score("yes it is", ["yes"]) == 0.0)
-    assert search_env.f1_score(None, ["a"]) == 0.0
+    assert real_data.f1_score("the Aurel Strand", ["Aurel Strand"]) == 1.0
+    assert real_data.f1_score("Strand engineer", ["x", "Aurel Strand"]) == 0.5
+    assert (real_data.f1_score("yes", ["no"]) == 0.0
+            and real_data.f1_score("yes it is", ["yes"]) == 0.0)
+    assert real_data.f1_score(None, ["a"]) == 0.0
 
 
 # ----------------------------------------------------------------------------- bad input
@@ -328,18 +329,29 @@ def test_a_bad_data_file_stops_the_command_line_with_one_line(tmp_path):
 
 
 # ----------------------------------------------------------------------------- retrieval
-def test_bm25_top_k_by_partition_matches_a_full_sort():
+def test_bm25_top_k_by_partition_matches_a_full_sort_and_the_core():
     rng = np.random.default_rng(0)
     words = [f"w{i}" for i in range(30)]
     # many ties
-    bm25 = search_env.BM25([" ".join(rng.choice(words, size=rng.integers(1, 8)))
-                            for _ in range(300)])
+    texts = [" ".join(rng.choice(words, size=rng.integers(1, 8))) for _ in range(300)]
+    bm25, core = retrieval.PostingsBM25(texts), search_env.BM25(texts)
     for query in ([" ".join(rng.choice(words, size=3)) for _ in range(40)]
-                  + ["w1", "nothing at all"]):
+                  + ["w1", "w1 w1 w2", "nothing at all"]):
         s = bm25.scores(query)
+        assert s.tolist() == pytest.approx(core.scores(query), rel=1e-12)
         for k in (1, 3, 10, 400):
             assert bm25.search_indices(query, k) == [
                 int(i) for i in np.argsort(-s, kind="stable")[:k] if s[i] > 0]
+            # the same ranking as the core's plain BM25: the lab's index only makes it fast
+            assert bm25.search_indices(query, k) == [i for i, _ in core.search(query, k)]
+
+
+def test_a_corpus_is_searched_by_the_postings_index():
+    corpus = real_data.read_corpus(f"{DATA}/searchr1_corpus.jsonl")
+    assert isinstance(corpus.bm25, retrieval.PostingsBM25)
+    plain = search_env.World(corpus.docs, [])
+    for query in ("halden lighthouse", "kessling film school", "velmont river", "zzz"):
+        assert corpus.search(query, 2) == plain.search(query, 2)
 
 
 class Stub:
@@ -388,26 +400,26 @@ def stub():
     s.close()
 
 
-def test_the_server_answers_a_rollout_with_one_request_per_turn(stub, standin):
+def test_the_server_answers_a_rollout_with_one_request_per_search(stub, standin):
     lm, tok = standin
     w = real_data.dataset(cfg(DATA="jsonl", DATA_TRAIN=NQ, DATA_DEV=NQ, RETRIEVER_URL=stub.url),
                           "dev")
     script = [S("halden lighthouse"), A("Aurel Strand")]
     envs = search_env.episodes(w, w.questions[:3], group_size=2, max_turns=2, top_k=3)
-    r = rollout.rollout(ForcedLM(lm, tok, script), tok, envs, max_new_tokens=40, greedy=True,
-                      decode="generate")
-    assert stub.requests == [{"queries": ["halden lighthouse"] * 6, "topk": 3,
-                              "return_scores": True}]
+    r = rollout.rollout(ForcedLM(lm, tok, script), tok, envs, max_new_tokens=40, greedy=True)
+    # each episode's env searches on its own: one request per search, not one per turn
+    assert stub.requests == [{"queries": ["halden lighthouse"], "topk": 3,
+                              "return_scores": True}] * 6
     info = tok.decode(r.input_ids[2][r.info_mask[2].bool()])
     assert (
         "Halden lighthouse: The Halden lighthouse was built in 1832 by the engineer Aurel Strand."
         in info)
     assert r.rewards.tolist() == [1.0, 1.0, 0.0, 0.0, 0.0, 0.0]
     # Through a server the oracle cannot search again: searches and decisions are unlabelled.
-    labels = real_data.label_actions(w.questions[0], w, r.turn_texts[0])
+    labels = oracle.oracle_labels(w, w.questions[0], r.turn_texts[0])
     assert [(a.kind, a.label, a.decision_ok) for a in labels] == [
         ("search", None, None), ("answer", "correct", None)]
-    assert len(stub.requests) == 1
+    assert len(stub.requests) == 6
 
 
 @pytest.mark.parametrize("mode, requests, message", [
@@ -446,8 +458,7 @@ def test_a_server_that_is_not_there(stub):
 def forced_rollouts(script):
     """rollout.rollout, with the model forced to write ``script`` (one turn per generate call)."""
     real = rollout.rollout
-    return lambda lm, tok, *args, **kw: real(ForcedLM(lm, tok, script), tok, *args,
-                                             **dict(kw, decode="generate"))
+    return lambda lm, tok, *args, **kw: real(ForcedLM(lm, tok, script), tok, *args, **kw)
 
 
 def test_a_server_that_stays_down_stops_the_run_after_saving_a_checkpoint(stub, standin_dir,
@@ -455,8 +466,8 @@ def test_a_server_that_stays_down_stops_the_run_after_saving_a_checkpoint(stub, 
     monkeypatch.setattr(rollout, "rollout", forced_rollouts([S("kessling film school"), A("1951")]))
     monkeypatch.setattr(real_data, "SERVER_BACKOFF_S", 0.01)
     monkeypatch.setattr(real_data, "SERVER_ATTEMPTS", 2)
-    # answers step 0's search, then goes down
-    stub.mode = lambda n: None if n == 1 else 503
+    # answers step 0's searches (2 questions x 2 episodes, one request each), then goes down
+    stub.mode = lambda n: None if n <= 4 else 503
     out = tmp_path / "run"
     args = [f"--MODEL={standin_dir}", "--DATA=jsonl", f"--DATA_TRAIN={NQ}", f"--DATA_DEV={NQ}",
             f"--RETRIEVER_URL={stub.url}", "--RL_STEPS=3", "--EVAL_EVERY=0", "--CKPT_EVERY=0",
@@ -471,7 +482,7 @@ def test_a_server_that_stays_down_stops_the_run_after_saving_a_checkpoint(stub, 
     train.main(args + ["--resume"])
     steps = [json.loads(line)["step"] for line in open(out / "metrics.jsonl")]
     # step 0, two failed attempts, steps 1 and 2
-    assert steps == [0, 1, 2] and len(stub.requests) == 1 + 2 + 2
+    assert steps == [0, 1, 2] and len(stub.requests) == 4 + 2 + 4 + 4
 
 
 # --------------------------------------------------------------------- labels, training, evaluation
@@ -479,7 +490,7 @@ def test_labels_on_real_evidence():
     w = real_data.dataset(cfg(**HOTPOT), "dev")
     bridge, comparison = w.questions[0], w.questions[2]
     got = lambda q, turns: [(a.kind, a.label, a.decision_ok)
-                            for a in real_data.label_actions(q, w, turns, top_k=1)]
+                            for a in oracle.oracle_labels(w, q, turns, top_k=1)]
     assert got(bridge, [S("The Lantern Keeper"), S("Lantern Keeper drama"), S("Rosa Milvane"),
                         A("Rosa Milvane")]) == [
         ("search", "hit", True), ("search", "repeat", True), ("search", "hit", True),
@@ -491,7 +502,7 @@ def test_labels_on_real_evidence():
     nq = real_data.dataset(cfg(DATA="jsonl", DATA_TRAIN=NQ, DATA_DEV=NQ,
                                CORPUS=f"{DATA}/searchr1_corpus.jsonl"), "dev")
     # no supporting facts: a search cannot be graded
-    labels = real_data.label_actions(nq.questions[0], nq, [S("x"), A("strand")])
+    labels = oracle.oracle_labels(nq, nq.questions[0], [S("x"), A("strand")])
     assert [(a.label, a.decision_ok) for a in labels] == [(None, None), ("correct", None)]
 
 
@@ -562,7 +573,7 @@ def test_the_report_card_grades_the_teacher_on_hotpotqa_evidence(standin_dir, tm
     monkeypatch.setattr(rollout, "rollout", scripted_rollout)
     out = str(tmp_path / "run")
     train.main(hotpot_args(standin_dir, out, "--RL_STEPS=1", "--EVAL_EVERY=0", "--MAX_TURNS=3",
-                           "--TOP_K=1"))
+                           "--TOP_K=1", "--MEASURE=True"))
     step = json.loads(open(os.path.join(out, "metrics.jsonl")).readline())
     assert step["label_search_hit"] == pytest.approx(4 / 6) and step["label_answer_correct"] == 0.5
     # the teacher ran
