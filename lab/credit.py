@@ -15,7 +15,7 @@ which actions were good (the oracle, lab/oracle.py), so the teacher can be grade
 * ``misassigned_mass`` is the share of Σ|Â| over action tokens whose sign disagrees with the
   label, for GRPO (Â = A) and for EviSD on the same batch;
 * ``report`` samples groups on held-out questions as training does and puts it all together;
-  ``python evaluate.py RUN --credit`` prints it, and with ``--variants`` it grades every
+  ``python lab/report.py RUN --credit`` prints it, and with ``--variants`` it grades every
   design choice of ``VARIANTS`` (where the teacher's blocks go, λ, ...) on the same samples;
 * ``rules_report`` (``--credit --rules``) grades every credit rule of RULES (GRPO, EviSD and
   the peers' of lab/peers.py) on the same samples by its effective per-token advantage
@@ -23,7 +23,7 @@ which actions were good (the oracle, lab/oracle.py), so the teacher can be grade
   credit lands where A = 0.
 
 ``show_episodes`` prints sampled episodes with each action token's gap (``--show``); ``main``
-is what ``python evaluate.py RUN --credit`` and ``--show`` run.
+is what ``python lab/report.py RUN --credit`` and ``--show`` run.
 """
 import html
 import json
@@ -465,7 +465,7 @@ def printable(text):
 def show_episodes(lm, tok, cfg, world, qs, html_path, k):
     """Sample 4 episodes of each question in ``qs``, score them exactly as a training step would,
     and print two episodes of ``k`` questions with every action token's teacher-student gap
-    (evaluate.py --show; also as HTML): questions whose samples disagree first, since a group
+    (lab/report.py --show; also as HTML): questions whose samples disagree first, since a group
     that agrees has A = 0, which training never asks the teacher about (its gap shows as 0)."""
     torch.manual_seed(0)
     r, adv, lp_s = sample(lm, tok, cfg, world, qs, 4)
@@ -513,7 +513,7 @@ def show_episodes(lm, tok, cfg, world, qs, html_path, k):
     print(f"\nwrote {html_path}")
 
 
-# --------------------------------------------------------------------- evaluate.py --credit, --show
+# ------------------------------------------------------------------- lab/report.py --credit, --show
 def question_sets(cfg, n_questions, validation=False):
     """Held-out (or validation) `test` questions for the report card: a fixed sample, world by
     world; real data: a fixed sample of its dev (or validation) split."""
@@ -531,7 +531,7 @@ def question_sets(cfg, n_questions, validation=False):
 
 
 def main(args):
-    """``python evaluate.py RUN ... --credit [Q] [--variants | --rules] [--validation]`` or
+    """``python lab/report.py RUN ... --credit [Q] [--variants | --rules] [--validation]`` or
     ``--show K``: the report card of each run (printed, and written as JSON: --json, or
     RUN/credit.json), or K groups of episodes."""
     if args.show:

@@ -12,7 +12,7 @@ each habit (partial-name searches, premature answers):
 
 and for the held-out quick check (train.py's EVAL_EVERY): the area under its macro-EM curve over
 the run, divided by the run's length. Definitions fixed in lab/results/protocol-v3.sh before its
-runs. evaluate.py switches this module on with --speed and --plot.
+runs. lab/report.py reads it with --speed and --plot.
 """
 import os
 

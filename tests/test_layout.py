@@ -65,12 +65,9 @@ def test_the_core_runs_without_the_lab(tmp_path):
     done = python("evaluate.py", "out/evisd-s0", "out/grpo-s0", "--worlds", "1")
     assert (done.returncode == 0
             and "evisd − grpo, paired by seed" in done.stdout), done.stderr[-2000:]
-    for args, needs in ((("train.py", "--DATA=hotpotqa"), "lab/real_data.py"),
-                        (("evaluate.py", "out/evisd-s0", "--credit"), "lab/credit.py"),
-                        (("evaluate.py", "out/evisd-s0", "--speed"), "lab/curves.py")):
-        done = python(*args)
-        assert done.returncode == 1 and needs in done.stderr, done.stderr[-2000:]
-        assert done.stderr.strip().count("\n") == 0                 # one line, no traceback
+    done = python("train.py", "--DATA=hotpotqa")
+    assert done.returncode == 1 and "lab/real_data.py" in done.stderr, done.stderr[-2000:]
+    assert done.stderr.strip().count("\n") == 0                     # one line, no traceback
 
 
 def test_a_missing_lab_is_one_line(monkeypatch):

@@ -16,7 +16,7 @@ import statistics
 import sys
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
-from lab import curves  # noqa: E402
+from lab import curves, report  # noqa: E402
 import evaluate   # noqa: E402
 
 
@@ -72,7 +72,7 @@ def dose_table(rows, paired):
              + " | ".join(groups) + " |",
              "|---" * (len(groups) + 1) + "|"]
     for k in evaluate.PAIRED_KEYS:
-        cells = [evaluate._interval(*shared[g]["intervals"][k])
+        cells = [evaluate.fmt_interval(*shared[g]["intervals"][k])
                  if k in shared[g]["intervals"] else "–" for g in groups]
         lines.append(f"| {k} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
@@ -84,13 +84,13 @@ def main(argv):
     got = json.load(open(path))
     rows, paired = got["runs"], got["paired"]
     times = wall_times(out) if os.path.exists(os.path.join(out, "protocol.log")) else {}
-    print(evaluate.summary_table(rows, {g: p for g, p in paired.items() if g == "evisd"}), "",
+    print(report.summary_table(rows, {g: p for g, p in paired.items() if g == "evisd"}), "",
           per_seed_table(rows, times), "", dose_table(rows, paired), sep="\n")
     for g, p in paired.items():   # the spread that sets the power: seeds for a half-width of 0.008
         diffs = [d["macro"] for d in p["diff"].values() if d["macro"] is not None]
         if len(diffs) > 1:
             sd = statistics.stdev(diffs)
-            need = evaluate.seeds_for(sd, 0.008)
+            need = report.seeds_for(sd, 0.008)
             print(f"{g} − GRPO: {len(diffs)} seeds, sd of paired macro differences {sd:.4f}, "
                   f"half-width {(p['macro'][2] - p['macro'][1]) / 2:.4f}; "
                   f"seeds for half-width 0.008: {need}")

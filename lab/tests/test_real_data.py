@@ -21,7 +21,7 @@ import model
 import rollout
 import search_env
 import train
-from lab import oracle, real_data, retrieval
+from lab import oracle, real_data, report, retrieval
 from test_rollout import ForcedLM
 
 DATA = os.path.join(os.path.dirname(__file__), "data")
@@ -513,7 +513,8 @@ def hotpot_args(standin_dir, out, *extra):
 
 def test_standin_runs_rl_and_evaluate_on_hotpotqa(standin_dir, tmp_path, capsys):
     """Search-R1's recipe (no warm-up) on the stand-in: RL steps on HotpotQA's train split with
-    the quick check on dev, then evaluate.py's EM and F1 with intervals and the paired table.
+    the quick check on dev, then evaluate.py's EM and F1 with intervals and the paired macro,
+    and lab/report.py's tables.
     Random weights write garbage: this checks the path, not learning."""
     runs = {m: str(tmp_path / f"{m}-s0") for m in ("evisd", "grpo")}
     for method, out in runs.items():
@@ -535,8 +536,9 @@ def test_standin_runs_rl_and_evaluate_on_hotpotqa(standin_dir, tmp_path, capsys)
     assert (got["paired"]["evisd"]["seeds"] == [0]
             and got["paired"]["evisd"]["diff"]["0"]["hop1"] is None)
     printed = capsys.readouterr().out
-    assert ("| run | seed | questions | EM [95%] | F1 [95%] |" in printed
-            and "evisd − grpo, paired by seed" in printed)
+    assert "\n  f1    " in printed and "evisd − grpo, paired by seed" in printed
+    report.main(list(runs.values()))          # the lab's tables, from the cached EM
+    assert "| run | seed | questions | EM [95%] | F1 [95%] |" in capsys.readouterr().out
 
 
 def scripted(q, sample):
@@ -579,7 +581,7 @@ def test_the_report_card_grades_the_teacher_on_hotpotqa_evidence(standin_dir, tm
     # the teacher ran
     assert step["search_gap_pos"] is not None and step["answer_gap_neg"] is not None
     card_path = str(tmp_path / "card.json")
-    evaluate.main([out, "--credit", "4", "--json", card_path])
+    report.main([out, "--credit", "4", "--json", card_path])
     card = json.load(open(card_path))[out]
     shares = card["shares"]
     assert ((shares["label_search_hit"], shares["label_search_miss"])
