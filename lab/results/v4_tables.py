@@ -1,7 +1,7 @@
-"""Benchmark v4's paired table from the runs' records alone (lab/results/v4-runs/), so it can be
-rebuilt on any machine, checkpoints or not (and read while protocol-v4.sh runs).
+"""Benchmark v4's paired table from the runs' records alone (lab/results/v4-runs.jsonl.gz, read
+by lab/packs.py), so it can be rebuilt on any machine, checkpoints or not.
 
-    python lab/results/v4_tables.py [lab/results/v4-runs] [--plot curves-v4.png]
+    python lab/results/v4_tables.py [lab/results/v4-runs.jsonl.gz] [--plot curves-v4.png]
 
 Three tables: each method's own held-out EM (mean over its seeds); every method against GRPO on
 the seeds both have, and every peer against EviSD on the seeds both have (the protocol's two
@@ -11,33 +11,31 @@ of each habit, the quick check's area), with the number of seeds, the sd of the 
 differences and the half-width reached. --plot draws the learning curves of every run from the
 same records (lab/curves.py). Trains and evaluates nothing.
 """
-import glob
-import json
 import os
 import statistics
 import sys
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
 from lab import curves  # noqa: E402
+from lab import packs  # noqa: E402
 import evaluate   # noqa: E402
-import runs   # noqa: E402
 
 WORLDS = 18          # protocol-v4.sh's EVAL_WORLDS_V4
 METHODS = ("evisd", "rlsd", "opsd", "sdar", "sd_search", "bicaa")
 
 
-def rows(folder):
-    """One row per finished run of the protocol (probes excluded)."""
+def rows(path):
+    """One row per finished run of the protocol (probes excluded) in the pack at ``path``."""
     out = []
-    for d in sorted(glob.glob(os.path.join(folder, "*-s[0-9]*"))):
-        if os.path.basename(d).startswith("probe-"):
+    for run in packs.run_records(path):
+        if run["name"].startswith("probe-"):
             continue
-        cfg = json.load(open(os.path.join(d, "config.json")))
-        em = json.load(open(os.path.join(d, "heldout-em.json"))).get(evaluate.em_key(cfg, WORLDS))
+        cfg = run["config"]
+        em = run.get("heldout_em", {}).get(evaluate.em_key(cfg, WORLDS))
         if em is None:
             continue
-        metrics = runs.read_metrics(d)
-        out.append({"run": d, "metrics": metrics,
+        metrics = packs.metrics(run, path)
+        out.append({"run": run["name"], "metrics": metrics,
                     "group": cfg["METHOD"], "method": cfg["METHOD"], "seed": cfg["SEED"],
                     **{k: em.get(k) for k in ("macro", "hop1", "hop2", "hop3")},
                     **curves.speed(metrics, cfg["RL_STEPS"])})
@@ -63,7 +61,7 @@ def table(all_rows, baseline="grpo", methods=METHODS):
     """Paired differences of `methods` against `baseline`, one row per method."""
     keys = evaluate.PAIRED_KEYS + curves.SPEED_KEYS
     paired = evaluate.paired_differences(all_rows, baseline, keys)
-    fmt = evaluate.fmt_interval
+    fmt = evaluate._interval
     name = {"grpo": "GRPO", "evisd": "EviSD"}.get(baseline, baseline)
     lines = [f"| method | seeds | macro − {name} [95%] | sd | half-width | 1-hop | 2-hop | "
              "premature clear | partial clear | quick-check area |",
@@ -92,7 +90,7 @@ if __name__ == "__main__":
         plot = args[i + 1]
         del args[i:i + 2]
     records = rows(args[0] if args else
-                   os.path.join(os.path.dirname(os.path.abspath(__file__)), "v4-runs"))
+                   os.path.join(os.path.dirname(os.path.abspath(__file__)), "v4-runs.jsonl.gz"))
     print("Held-out EM of each method (18 worlds, final checkpoint, greedy)\n")
     print(means(records))
     print("\nEvery method against GRPO, paired by seed\n")

@@ -1,8 +1,9 @@
-"""Benchmark v5's tables from the runs' records alone (lab/results/v5-runs/), so they can be
-rebuilt on any machine, checkpoints or not, and read while protocol-v5.sh still runs.
+"""Benchmark v5's tables from the runs' records alone (lab/results/v5-runs.jsonl.gz, read by
+lab/packs.py), so they can be rebuilt on any machine, checkpoints or not, and read while
+protocol-v5.sh still runs.
 
-    python lab/results/v5_tables.py [lab/results/v5-runs] [--plot curves-v5.png]
-    python lab/results/v5_tables.py --collect out/v5    # copy finished runs' records first
+    python lab/results/v5_tables.py [lab/results/v5-runs.jsonl.gz] [--plot curves-v5.png]
+    python lab/results/v5_tables.py --collect out/v5    # pack finished runs' records first
 
 Tables, as protocol-v5.sh fixes them: the headline, EviSD - GRPO over every seed that has both;
 the paper's ablation table with our column, each row and dose against EviSD on the seeds both
@@ -12,16 +13,14 @@ whether the paper's figure (points / 100) lies inside; each group's own EM; lear
 (lab/curves.py). Runs missing from the records are listed. Trains and evaluates nothing.
 """
 import glob
-import json
 import os
-import shutil
 import statistics
 import sys
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
-from lab import curves, report  # noqa: E402
+from lab import curves  # noqa: E402
+from lab import packs  # noqa: E402
 import evaluate   # noqa: E402
-import runs   # noqa: E402
 
 WORLDS = 18          # protocol-v5.sh's EVAL_WORLDS_V5
 HEADLINE_SEEDS = range(30)
@@ -36,38 +35,35 @@ ROWS = [("evisd-response", "whole-response modulation", "--EVISD_SPAN=response",
 GROUPS = ["grpo", "evisd"] + [r[0] for r in ROWS]
 
 
-def rows(folder):
-    """One row per run of the protocol whose held-out EM (18 worlds) is recorded."""
+def rows(path):
+    """One row per run of the protocol whose held-out EM (18 worlds) is recorded in the pack at
+    ``path``."""
     out = []
-    for d in sorted(glob.glob(os.path.join(folder, "*-s[0-9]*"))):
-        cfg = json.load(open(os.path.join(d, "config.json")))
-        path = os.path.join(d, "heldout-em.json")
-        em = json.load(open(path)).get(evaluate.em_key(cfg, WORLDS)) if os.path.exists(path) \
-            else None
+    for run in packs.run_records(path):
+        cfg = run["config"]
+        em = run.get("heldout_em", {}).get(evaluate.em_key(cfg, WORLDS))
         if em is None:
             continue
-        metrics = runs.read_metrics(d)
-        out.append({"run": d, "metrics": metrics, "group": evaluate.group_name(d),
+        metrics = packs.metrics(run, path)
+        out.append({"run": run["name"], "metrics": metrics,
+                    "group": evaluate.group_name(run["name"]),
                     "method": cfg["METHOD"], "seed": cfg["SEED"],
                     **{k: em.get(k) for k in ("macro", "hop1", "hop2", "hop3")},
                     **curves.speed(metrics, cfg["RL_STEPS"])})
     return out
 
 
-def collect(source, folder):
-    """Copy each finished run's records (config.json, metrics.jsonl, the final checkpoint's
-    heldout-em.json) from protocol-v5.sh's ``source`` (out/v5) into ``folder``."""
-    copied = 0
+def collect(source, path):
+    """Pack each finished run's records (config.json, metrics.jsonl, the final checkpoint's
+    heldout-em.json) from protocol-v5.sh's ``source`` (out/v5) into the pack at ``path``, each
+    in place of the record of the same name."""
+    found = []
     for d in sorted(glob.glob(os.path.join(source, "*-s[0-9]*"))):
         em = os.path.join(d, "ckpt-000060", "heldout-em.json")
-        if not os.path.exists(em):
-            continue
-        dest = os.path.join(folder, os.path.basename(d))
-        os.makedirs(dest, exist_ok=True)
-        for f in (os.path.join(d, "config.json"), os.path.join(d, "metrics.jsonl"), em):
-            shutil.copy(f, dest)
-        copied += 1
-    print(f"{copied} finished runs' records copied from {source} to {folder}")
+        if os.path.exists(em):
+            found.append(packs.record(d, heldout_em=em))
+    packs.add(path, found)
+    print(f"{len(found)} finished runs' records packed from {source} into {path}")
 
 
 def missing(records):
@@ -99,7 +95,7 @@ def paired_line(p, key="macro"):
 
 
 def fmt_interval(mean, low, high):
-    return evaluate.fmt_interval(mean, low, high)
+    return evaluate._interval(mean, low, high)
 
 
 def headline(records):
@@ -109,7 +105,7 @@ def headline(records):
     if not p:
         return "no seed has both GRPO and EviSD yet"
     mean, low, high, sd, half = paired_line(p)
-    need = report.seeds_for(sd, 0.008)
+    need = evaluate.seeds_for(sd, 0.008)
     lines = [f"EviSD − GRPO, held-out macro EM, {len(p['seeds'])} seeds: "
              f"{fmt_interval(mean, low, high)} → **{decide(mean, low, high)}**; paired sd "
              f"{_f(sd)}, half-width reached {_f(half)} (±0.008 would need about {need} seeds at "
@@ -200,7 +196,7 @@ def ablation(records):
         g = vs_grpo.get(group)
         lines.append(f"| {what} | `{override}` | {_f(paper, '+.1f')} | {len(p['seeds'])} | "
                      f"{fmt_interval(m, lo, hi)} | {_f(sd)} | {_f(half)} | "
-                     f"{report.seeds_for(sd, 0.015)} | "
+                     f"{evaluate.seeds_for(sd, 0.015)} | "
                      f"{decide(m, lo, hi).replace('helps', 'better').replace('hurts', 'worse')}"
                      f" | {inside} | {fmt_interval(*g['intervals']['macro']) if g else '–'} |")
     return "\n".join(lines)
@@ -257,12 +253,16 @@ if __name__ == "__main__":
         i = args.index("--plot")
         plot = args[i + 1]
         del args[i:i + 2]
-    here = os.path.join(os.path.dirname(os.path.abspath(__file__)), "v5-runs")
+    source = None
     if "--collect" in args:
         i = args.index("--collect")
-        collect(args[i + 1], here)
+        source = args[i + 1]
         del args[i:i + 2]
-    records = rows(args[0] if args else here)
+    path = args[0] if args else os.path.join(os.path.dirname(os.path.abspath(__file__)),
+                                             "v5-runs.jsonl.gz")
+    if source:
+        collect(source, path)
+    records = rows(path)
     print("## Headline\n\n" + headline(records))
     print("\n## The paper's ablation table, with intervals (seeds 0–9)\n\n" + ablation(records))
     print("\n## Each row against EviSD on the other measures (seeds 0–9)\n\n"

@@ -1,5 +1,6 @@
-"""Benchmark v5's tables are the committed records' (lab/results/v5-runs/): the headline is the
-paired differences read straight from each run's heldout-em.json, and rows pair by seed."""
+"""Benchmark v5's tables are the committed records' (lab/results/v5-runs.jsonl.gz): the headline
+is the paired differences read straight from each run's held-out EM, and rows pair by seed."""
+import gzip
 import importlib.util
 import json
 import math
@@ -9,11 +10,10 @@ import statistics
 import pytest
 
 import evaluate
-from lab import report
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 RESULTS = os.path.join(HERE, "..", "results")
-RUNS = os.path.join(RESULTS, "v5-runs")
+PACK = os.path.join(RESULTS, "v5-runs.jsonl.gz")
 
 
 @pytest.fixture(scope="module")
@@ -27,21 +27,26 @@ def tables():
 
 @pytest.fixture(scope="module")
 def records(tables):
-    return tables.rows(RUNS)
+    return tables.rows(PACK)
 
 
-def macro_of(run):
-    """A run's held-out macro EM on the protocol's 18 worlds, read from its files alone."""
-    cfg = json.load(open(os.path.join(RUNS, run, "config.json")))
-    em = json.load(open(os.path.join(RUNS, run, "heldout-em.json")))
-    return em[evaluate.em_key(cfg, 18)]["macro"]
+@pytest.fixture(scope="module")
+def packed():
+    """Each run's record in the pack by name, read with the standard library alone."""
+    with gzip.open(PACK, "rt") as f:
+        return {run["name"]: run for run in map(json.loads, f)}
 
 
-def test_headline_is_the_paired_records(tables, records):
-    seeds = [s for s in range(30) if os.path.isdir(os.path.join(RUNS, f"grpo-s{s}"))
-             and os.path.isdir(os.path.join(RUNS, f"evisd-s{s}"))]
+def macro_of(packed, run):
+    """A run's held-out macro EM on the protocol's 18 worlds, read from its record alone."""
+    em = packed[run]["heldout_em"]
+    return em[evaluate.em_key(packed[run]["config"], 18)]["macro"]
+
+
+def test_headline_is_the_paired_records(tables, records, packed):
+    seeds = [s for s in range(30) if f"grpo-s{s}" in packed and f"evisd-s{s}" in packed]
     assert len(seeds) >= 2
-    diffs = [macro_of(f"evisd-s{s}") - macro_of(f"grpo-s{s}") for s in seeds]
+    diffs = [macro_of(packed, f"evisd-s{s}") - macro_of(packed, f"grpo-s{s}") for s in seeds]
     p = evaluate.paired_differences(records, "grpo")["evisd"]
     mean, low, high = p["macro"]
     assert p["seeds"] == seeds
@@ -50,12 +55,12 @@ def test_headline_is_the_paired_records(tables, records):
     assert (low, high) == pytest.approx((mean - half, mean + half), abs=1e-12)
 
 
-def test_rows_pair_with_evisd_seed_by_seed(tables, records):
+def test_rows_pair_with_evisd_seed_by_seed(tables, records, packed):
     # Every row's difference on a seed is its run's macro minus that seed's EviSD run's.
     vs_evisd = evaluate.paired_differences(records, "evisd")
     for group, *_ in tables.ROWS:
         for s in vs_evisd[group]["seeds"]:
-            expected = macro_of(f"{group}-s{s}") - macro_of(f"evisd-s{s}")
+            expected = macro_of(packed, f"{group}-s{s}") - macro_of(packed, f"evisd-s{s}")
             assert vs_evisd[group]["diff"][s]["macro"] == pytest.approx(expected, abs=1e-12)
 
 
@@ -67,8 +72,8 @@ def test_points_and_decisions(tables):
     # Student's t_0.975 from its table (1, 9, 29 degrees of freedom), then the normal's.
     assert [evaluate.t_975(d) for d in (1, 9, 29, 40)] == [12.706, 2.262, 2.045, 1.96]
     # 10 seeds at v3's sd 0.0207 reach the protocol's planned ±0.015 (t_9 · 0.0207 / √10).
-    assert report.seeds_for(0.0207, 0.0149) == 10
-    assert report.seeds_for(0.0207, 0.0147) == 11
+    assert evaluate.seeds_for(0.0207, 0.0149) == 10
+    assert evaluate.seeds_for(0.0207, 0.0147) == 11
 
 
 def test_readme_ours_column_is_the_records(tables, records):
