@@ -61,7 +61,7 @@ def table(all_rows, baseline="grpo", methods=METHODS):
     """Paired differences of `methods` against `baseline`, one row per method."""
     keys = evaluate.PAIRED_KEYS + curves.SPEED_KEYS
     paired = evaluate.paired_differences(all_rows, baseline, keys)
-    fmt = evaluate._interval
+    fmt = evaluate.fmt_interval
     name = {"grpo": "GRPO", "evisd": "EviSD"}.get(baseline, baseline)
     lines = [f"| method | seeds | macro − {name} [95%] | sd | half-width | 1-hop | 2-hop | "
              "premature clear | partial clear | quick-check area |",

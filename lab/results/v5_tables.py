@@ -18,7 +18,7 @@ import statistics
 import sys
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
-from lab import curves  # noqa: E402
+from lab import curves, report  # noqa: E402
 from lab import packs  # noqa: E402
 import evaluate   # noqa: E402
 
@@ -95,7 +95,7 @@ def paired_line(p, key="macro"):
 
 
 def fmt_interval(mean, low, high):
-    return evaluate._interval(mean, low, high)
+    return evaluate.fmt_interval(mean, low, high)
 
 
 def headline(records):
@@ -105,7 +105,7 @@ def headline(records):
     if not p:
         return "no seed has both GRPO and EviSD yet"
     mean, low, high, sd, half = paired_line(p)
-    need = evaluate.seeds_for(sd, 0.008)
+    need = report.seeds_for(sd, 0.008)
     lines = [f"EviSD − GRPO, held-out macro EM, {len(p['seeds'])} seeds: "
              f"{fmt_interval(mean, low, high)} → **{decide(mean, low, high)}**; paired sd "
              f"{_f(sd)}, half-width reached {_f(half)} (±0.008 would need about {need} seeds at "
@@ -196,7 +196,7 @@ def ablation(records):
         g = vs_grpo.get(group)
         lines.append(f"| {what} | `{override}` | {_f(paper, '+.1f')} | {len(p['seeds'])} | "
                      f"{fmt_interval(m, lo, hi)} | {_f(sd)} | {_f(half)} | "
-                     f"{evaluate.seeds_for(sd, 0.015)} | "
+                     f"{report.seeds_for(sd, 0.015)} | "
                      f"{decide(m, lo, hi).replace('helps', 'better').replace('hurts', 'worse')}"
                      f" | {inside} | {fmt_interval(*g['intervals']['macro']) if g else '–'} |")
     return "\n".join(lines)

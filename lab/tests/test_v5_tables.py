@@ -10,6 +10,7 @@ import statistics
 import pytest
 
 import evaluate
+from lab import report
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 RESULTS = os.path.join(HERE, "..", "results")
@@ -72,8 +73,8 @@ def test_points_and_decisions(tables):
     # Student's t_0.975 from its table (1, 9, 29 degrees of freedom), then the normal's.
     assert [evaluate.t_975(d) for d in (1, 9, 29, 40)] == [12.706, 2.262, 2.045, 1.96]
     # 10 seeds at v3's sd 0.0207 reach the protocol's planned ±0.015 (t_9 · 0.0207 / √10).
-    assert evaluate.seeds_for(0.0207, 0.0149) == 10
-    assert evaluate.seeds_for(0.0207, 0.0147) == 11
+    assert report.seeds_for(0.0207, 0.0149) == 10
+    assert report.seeds_for(0.0207, 0.0147) == 11
 
 
 def test_readme_ours_column_is_the_records(tables, records):
