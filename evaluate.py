@@ -58,14 +58,14 @@ def heldout_questions(cfg, split, n, world_index=0, validation=False):
 def greedy_episodes(policy, tokenizer, cfg, world, questions, dtype=torch.float32):
     """Greedy exact match of each question [len(questions)] and its answers."""
     device = next(policy.parameters()).device
-    rewards, answers = [], []
+    em, answers = [], []
     for c in range(0, len(questions), EVAL_BATCH):
         envs = search_env.episodes(world, questions[c:c + EVAL_BATCH], 1, cfg["MAX_TURNS"],
                                    cfg["TOP_K"])
         with model.autocast(device, dtype):
             r = rollout.rollout(policy, tokenizer, envs, cfg["MAX_NEW_TOKENS"], greedy=True)
-        rewards, answers = rewards + [r.rewards], answers + r.answers
-    return torch.cat(rewards), answers
+        em, answers = em + [r.em], answers + r.answers
+    return torch.cat(em), answers
 
 
 def heldout_em(policy, tokenizer, cfg, n=100, dtype=torch.float32):

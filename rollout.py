@@ -144,11 +144,12 @@ class Rollouts:
     action_kind: torch.Tensor   # 1 inside <search>...</search>, 2 inside <answer>...</answer>
     prompt_len: torch.Tensor    # [N]
     spans: list                 # per episode: a Span per turn
-    rewards: torch.Tensor       # [N] exact match of the final answer (0 if none)
+    rewards: torch.Tensor       # [N] each env's reward (search_env.reward: exact match)
     answers: list               # [N] predicted answer strings (None if none)
     turns: torch.Tensor         # [N] turns used
     questions: list             # [N] the Question of each episode
     turn_texts: list = None     # [N] each episode's generated turns, as its env read them
+    em: torch.Tensor = None     # [N] exact match of the final answer: what evaluation reports
 
 
 @torch.no_grad()
@@ -204,7 +205,8 @@ def rollout(policy, tokenizer, envs, max_new_tokens=64, temperature=1.0, greedy=
     policy.train(was_training)
     return Rollouts(**collate(transcripts, pad_id), rewards=torch.tensor([e.reward for e in envs]),
                     answers=[e.answer for e in envs], turns=torch.tensor([e.turns for e in envs]),
-                    questions=questions, turn_texts=turn_texts)
+                    questions=questions, turn_texts=turn_texts,
+                    em=torch.tensor([e.em for e in envs]))
 
 
 def cut_turn(tokenizer, tokens, eos_ids, pad_id):

@@ -296,7 +296,7 @@ def rl_step(cfg, step, world, policy, reference, tokenizer, optimizer):
                    gen_tokens=gen_tokens, teacher_s=t_teacher, modulated_frac=moved,
                    answered=sum(a is not None for a in r.answers) / len(r.answers),
                    step=step, step_s=time.perf_counter() - t0, rollout_s=t_rollout)
-    metrics["em"] = metrics["reward"]   # the reward is exact match
+    metrics["em"] = r.em.float().mean().item()   # what evaluation reports, whatever the reward
     record = dict(rollouts=r, world=world, adv=adv, gap=teacher_logp - old_logp,
                   token_adv=token_adv)
     return metrics, record

@@ -100,7 +100,7 @@ def play_cached(policy, tokenizer, envs, max_new_tokens, temperature, greedy, co
     return rollout.Rollouts(
         **rollout.collate(transcripts, pad_id), rewards=torch.tensor([e.reward for e in envs]),
         answers=[e.answer for e in envs], turns=torch.tensor([e.turns for e in envs]),
-        questions=questions, turn_texts=turn_texts)
+        questions=questions, turn_texts=turn_texts, em=torch.tensor([e.em for e in envs]))
 
 
 class KVCache:
