@@ -199,7 +199,7 @@ def test_credit_for_every_peer(step_inputs, method):
     token_adv, lp_t, extra_loss = peers.credit(cfg, 0, lm, tok, world, r, adv, lp_s)
     assert token_adv.shape == lp_t.shape == r.input_ids.shape
     assert (token_adv[r.gen_mask == 0] == 0).all() and torch.isfinite(token_adv).all()
-    settings = train.evisd_settings(cfg)
+    settings = cfg
     m, gen = evisd.correction_mask(r, settings), r.gen_mask
     rows = [0, 1, 2, 3] if method != "rlsd" else adv.nonzero().squeeze(1).tolist()
     assert torch.allclose(lp_t, evisd.teacher_logprobs(lm, tok, world, r, lp_s, rows, settings))
@@ -236,7 +236,7 @@ def test_sd_search_aligns_teacher_and_student_positions(step_inputs):
     token: the k-th query token in row-major order, read at its own position in the student's
     sequence and at the position the evidence moved it to in the teacher's."""
     lm, tok, world, r, adv, lp_s = step_inputs
-    settings = evisd.Settings()
+    settings = dict(train.DEFAULTS, TEMPERATURE=1.0)
     queries = evisd.correction_mask(r, settings) & (r.action_kind == rollout.KIND_IDS["search"])
     known = [(i, t) for i, spans in enumerate(r.spans) for s in spans if s.kind == "search"
              for t in range(s.content_start, s.content_end)]

@@ -16,7 +16,7 @@ def test_rounding_moves_under_a_tenth_of_the_correction(tok, trained, world):
     for b in range(3):
         r = warmup.expert_rollouts(cfg, tok, world, questions[4 * b:4 * b + 4], seed=b)
         batches.append((world, r, grpo.group_advantages(r.rewards, 4)))
-    result = precision.rounding(trained, tok, batches, train.evisd_settings(cfg))
+    result = precision.rounding(trained, tok, batches, cfg)
     print(precision.table(result))
     for kind in precision.KINDS:
         assert result[kind]["tokens"] > 20, kind
