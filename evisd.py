@@ -38,7 +38,7 @@ CHOICES = {"EVISD_SPAN": ("content", "action", "response"),
 
 
 def check_config(cfg):
-    """Stop on an EviSD setting that is not allowed, or that another one would leave unread."""
+    """Stop, before any work, on an EviSD setting that is not allowed or would go unread."""
     for name, allowed in CHOICES.items():
         if cfg[name] not in allowed:
             raise SystemExit(f"{name}={cfg[name]!r}: allowed values are {', '.join(allowed)}")
@@ -51,13 +51,10 @@ def check_config(cfg):
 # ----------------------------------------------------------------------------- the formulas
 @torch.no_grad()
 def evisd_correction(adv, gap, gen_mask, mask, lam, tau):
-    """EviSD's per-token advantages Â [N, T] from sequence advantages and the teacher's gap.
+    """Â [N, T] = A + lam * |A| * m * tanh(tau * gap) on generated tokens, 0 elsewhere.
 
-    adv [N]; gap = logp_teacher - logp_student, gen_mask, mask (m) [N, T]. On generated tokens:
-        Â = A + lam * |A| * m * tanh(tau * gap)
-    so |Â - A| <= lam * |A|: the sign of A survives for lam < 1, A = 0 gives Â = 0, and a
-    large gap saturates instead of dominating. Tokens off gen_mask get 0.
-    """
+    adv [N]; gap = logp_teacher - logp_student, gen_mask, mask (m) [N, T]. |Â - A| <= lam * |A|:
+    the sign of A survives for lam < 1, A = 0 gives Â = 0, a large gap saturates."""
     A = adv.detach().float()[:, None].expand_as(gap)                  # [N, T]
     correction = lam * A.abs() * mask.float() * torch.tanh(tau * gap.detach().float())
     return torch.where(gen_mask.bool(), A + correction, torch.zeros_like(A))   # [N, T]
@@ -81,25 +78,20 @@ def gated_distillation_loss(logp, teacher_logp, gen_mask, mask, coef, tau):
 def credit(policy, tokenizer, world, rollouts, adv, student_logp, cfg):
     """EviSD's credit for one batch: the teacher's re-scoring, then the correction.
 
-    adv [N] (grpo.group_advantages); student_logp [N, T], the policy's detached log-probs of the
-    batch. Returns (token_adv [N, T], teacher_logp [N, T], extra_loss): where the teacher did not
-    score, teacher_logp is the student's (a zero gap). The bounded form adds no loss (None); the
-    gated loss keeps GRPO's A and returns ``extra_loss(policy, logp)``, added to the policy
-    loss.
-    """
+    adv [N]; student_logp [N, T], the policy's detached log-probs. Returns (token_adv [N, T],
+    teacher_logp [N, T], where unscored the student's; extra_loss: None, or for the gated loss
+    ``extra_loss(policy, logp)``, a term train.rl_step adds to the policy loss)."""
     gen_mask = rollouts.gen_mask.to(adv.device)                       # [N, T]
     mask = correction_mask(rollouts, cfg).to(adv.device)              # m [N, T]
-    if cfg["EVISD_FORM"] == "bounded":
-        # A = 0 gives Â = 0 whatever the teacher says: only episodes with A != 0 are re-scored.
-        rows = adv.nonzero().squeeze(1).tolist()
-        teacher_logp = teacher_logprobs(policy, tokenizer, world, rollouts, student_logp, rows,
-                                        cfg)
+    bounded = cfg["EVISD_FORM"] == "bounded"
+    # The bounded form gives Â = 0 where A = 0, whatever the teacher says: only the episodes
+    # with A != 0 are re-scored. The gated loss acts everywhere.
+    rows = adv.nonzero().squeeze(1).tolist() if bounded else list(range(len(adv)))
+    teacher_logp = teacher_logprobs(policy, tokenizer, world, rollouts, student_logp, rows, cfg)
+    if bounded:
         token_adv = evisd_correction(adv, teacher_logp - student_logp, gen_mask, mask,
                                      cfg["EVISD_LAMBDA"], cfg["EVISD_TAU"])
         return token_adv, teacher_logp, None
-    # The gated loss acts where A = 0 too: every episode is re-scored.
-    teacher_logp = teacher_logprobs(policy, tokenizer, world, rollouts, student_logp,
-                                    list(range(len(adv))), cfg)
 
     def extra_loss(policy, logp):
         return gated_distillation_loss(logp, teacher_logp, gen_mask, mask,
@@ -109,20 +101,15 @@ def credit(policy, tokenizer, world, rollouts, adv, student_logp, cfg):
 
 # ----------------------------------------------------------------------------- which tokens
 def scored_range(span, setting):
-    """The token range [lo, hi) of one turn (rollout.Span) that EVISD_SPAN ``setting`` covers:
-    its content (the paper's), its whole action with the tags (ours), or the whole turn."""
-    if setting == "content":
-        return span.content_start, span.content_end
-    if setting == "action":
-        return span.action, span.end
-    return span.start, span.end
+    """The range [lo, hi) of one turn (rollout.Span) that EVISD_SPAN covers: its content (the
+    paper's), its whole action with the tags (ours), or the whole turn."""
+    return {"content": (span.content_start, span.content_end), "action": (span.action, span.end),
+            "response": (span.start, span.end)}[setting]
 
 
 def scored_turns(spans, cfg):
-    """(searching turns, answer turns): the turns of one episode (rollout.Span) a teacher scores.
-    A kind without privilege (USE_SEARCH_EVIDENCE=False: the answer-only row) is neither scored
-    nor corrected. Under the "response" span every generated turn is scored, invalid ones with
-    the searches: a turn that does not answer is still looking for evidence."""
+    """(searching turns, answer turns) of one episode that a teacher scores, none of a kind
+    without privilege; under the "response" span, invalid turns are still searching."""
     searches = [s for s in spans if s.kind == "search"
                 or (s.kind == "invalid" and cfg["EVISD_SPAN"] == "response")]
     answers = [s for s in spans if s.kind == "answer"]
@@ -131,8 +118,7 @@ def scored_turns(spans, cfg):
 
 
 def correction_mask(rollouts, cfg):
-    """m [N, T] bool: the generated tokens whose credit the gap may change, the scored range of
-    every turn a teacher scores."""
+    """m [N, T] bool: the generated tokens whose credit the gap may change."""
     mask = torch.zeros_like(rollouts.gen_mask, dtype=torch.bool)
     for i, spans in enumerate(rollouts.spans):
         for turns in scored_turns(spans, cfg):
@@ -144,8 +130,8 @@ def correction_mask(rollouts, cfg):
 
 # ----------------------------------------------------------------------------- teacher context
 def privileged_ids(tokenizer, question, world):
-    """Token ids of the two privileged blocks of a question: (gold evidence, golden answer), each
-    formatted like retrieved information. A question without evidence gets no evidence block."""
+    """Token ids of a question's two privileged blocks, (gold evidence, golden answer), each
+    formatted like retrieved information; no evidence block for a question without one."""
     docs = world.evidence_docs(question)
     answer = f"{INFO} the answer is {question.answers[0]}. {INFO_END}"
     return (tokenizer.encode(format_information(docs), add_special_tokens=False) if docs else [],
@@ -153,13 +139,8 @@ def privileged_ids(tokenizer, question, world):
 
 
 def teachers(spans, evidence_ids, answer_ids, cfg):
-    """The teachers of one episode, as [(block ids, turns they score)].
-
-    Aligned (the paper's default): the searching turns read the gold evidence, the answer turn
-    the golden answer: two teacher sequences, so neither kind reads the other's block. Shared
-    (the paper's -0.2 row): one sequence whose one block holds both, placed as each turn's own
-    would be.
-    """
+    """The teachers of one episode, [(block ids, turns they score)]. Aligned (the paper's): the
+    searches read the evidence, the answer the golden answer. Shared: one block holding both."""
     searches, answers = scored_turns(spans, cfg)
     searches = searches if evidence_ids else []
     if cfg["TEACHER_CONTEXT"] == "shared":
@@ -170,11 +151,9 @@ def teachers(spans, evidence_ids, answer_ids, cfg):
 
 
 def block_position(span, cfg):
-    """Where a turn's block goes: before the first token the teacher scores in it, so a scored
-    token always comes after the block its action is given. Under the "response" span that is
-    the turn's start; otherwise the opening tag, or, for the answer, right after it
-    (ANSWER_AT="content", ours: the block then informs the answer's content, not the decision
-    to answer, which a golden answer would approve however early)."""
+    """Where a turn's block goes: before the first token scored in it. For the answer, right
+    after its opening tag (ANSWER_AT="content", ours): the golden answer then informs what is
+    answered, not the decision to answer, which it would approve however early."""
     if cfg["EVISD_SPAN"] == "response":
         return span.start
     if span.kind == "answer" and cfg["ANSWER_AT"] == "content":
@@ -183,9 +162,8 @@ def block_position(span, cfg):
 
 
 def insert_blocks(ids, inserts):
-    """``ids`` with blocks inserted: ``inserts`` maps a position to the ids placed right before
-    the token there. Returns (ids, student_pos), student_pos[j] the position in ``ids`` of token
-    j, -1 for an inserted one."""
+    """(ids with ``inserts[p]`` placed before position p, student_pos): each token's position
+    in the student's ``ids``, -1 for an inserted one."""
     out, student_pos, prev = [], [], 0
     for cut in sorted(inserts) + [len(ids)]:
         out += ids[prev:cut]
@@ -198,15 +176,10 @@ def insert_blocks(ids, inserts):
 
 
 def teacher_sequence(ids, block, turns, cfg):
-    """One teacher's input for one episode: (ids, score, student_pos), lists of one length. The
-    block goes before each turn in ``turns``, or, with EVIDENCE_AT="first" (ours), before the
-    first only; ``score`` is 1 on the scored tokens of ``turns``. The sequence is cut after its
-    last scored token: nothing after it can change a score. None if it scores nothing.
-
-    One sequence per kind costs two forwards per episode instead of one per action; with a
-    block before each action, each still reads its privilege right before it
-    (docs/design-notes.md).
-    """
+    """One teacher's input for one episode, (ids, score, student_pos), or None if it scores
+    nothing. The block goes before each of ``turns`` (one sequence per kind, not per action:
+    each action still reads it right before it), or before the first (EVIDENCE_AT="first",
+    ours); ``score`` marks the scored tokens; nothing after the last one is kept."""
     scored = {p for s in turns for p in range(*scored_range(s, cfg["EVISD_SPAN"]))}
     if not scored:
         return None
@@ -219,16 +192,13 @@ def teacher_sequence(ids, block, turns, cfg):
 
 
 def teacher_batch(tokenizer, world, rollouts, rows, cfg):
-    """The teachers' inputs for the episodes ``rows``, right-padded: [S, T'] tensors input_ids,
-    attention_mask, score_mask (1 on the tokens it scores) and student_pos (each token's student
-    position, -1 where inserted or padding), and owner [S] (each sequence's episode)."""
-    seqs, owner, blocks = [], [], {}   # a group's episodes share one question: encode once
+    """The teachers' inputs for the episodes ``rows``, right-padded [S, T'] tensors: input_ids,
+    attention_mask, score_mask, student_pos (-1 where inserted or padding); owner [S]."""
+    seqs, owner = [], []
     for i in rows:
-        q = rollouts.questions[i]
-        if q.qid not in blocks:
-            blocks[q.qid] = privileged_ids(tokenizer, q, world)
+        blocks = privileged_ids(tokenizer, rollouts.questions[i], world)
         student = rollouts.input_ids[i, :int(rollouts.attention_mask[i].sum())].tolist()
-        for block, turns in teachers(rollouts.spans[i], *blocks[q.qid], cfg):
+        for block, turns in teachers(rollouts.spans[i], *blocks, cfg):
             seq = teacher_sequence(student, block, turns, cfg)
             if seq is not None:
                 seqs.append(seq)
@@ -242,12 +212,9 @@ def teacher_batch(tokenizer, world, rollouts, rows, cfg):
 
 @torch.no_grad()
 def teacher_logprobs(policy, tokenizer, world, rollouts, student_logp, rows, cfg):
-    """The teacher's log-probs of the student's scored tokens in the episodes ``rows``, aligned
-    to student positions: [N, T]. Every other position keeps the student's (a zero gap).
-
-    One batched no-grad forward of the policy over the teacher sequences, at the sampling
-    TEMPERATURE; identical episodes of one question share their teacher sequences.
-    """
+    """[N, T]: the teacher's log-probs of the scored tokens of the episodes ``rows`` at their
+    student positions, the student's elsewhere (a zero gap). One no-grad forward at the sampling
+    TEMPERATURE; identical episodes of one question share their teacher sequences."""
     out = student_logp.detach().float().clone()                       # [N, T]
     copies = {}                                   # (question, token ids) -> episode indices
     for i in rows:

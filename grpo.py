@@ -8,12 +8,9 @@ import torch
 
 
 def group_advantages(rewards, group_size, eps=1e-4):
-    """(r - group mean) / (group std + eps), groups = contiguous blocks of ``group_size``.
-
-    rewards: [N] with N = questions * group_size. Returns [N] (float32).
-    The std is torch's default (unbiased), as in TRL's GRPOTrainer; a group whose rewards are
-    all equal gets zeros: it says nothing about which sample was better.
-    """
+    """(r - group mean) / (group std + eps) [N], over contiguous groups of ``group_size`` of
+    rewards [N]. The std is unbiased, as in TRL's GRPOTrainer; a group whose rewards are all
+    equal gets zeros: it says nothing about which sample was better."""
     if group_size < 2:
         raise ValueError(f"group_size must be >= 2 for group-relative advantages, got {group_size}")
     if rewards.numel() % group_size:
@@ -32,11 +29,9 @@ def policy_loss(logp, old_logp, ref_logp, token_adv, mask, clip_eps=0.2, kl_coef
     token_adv  [N, T] advantages: GRPO broadcasts A[i]; EviSD modulates it per token
     mask       [N, T] 1 on the tokens to train (the model-written tokens)
 
-    Normalisation: token losses are summed over the whole batch and divided by its number of
-    masked tokens (TRL's "dapo" default), so every generated token weighs the same whether
-    its episode was long or short.
-    Returns (loss, stats) with stats = clip fraction, mean KL, mean ratio over masked tokens.
-    """
+    Token losses are summed over the batch and divided by its masked tokens (TRL's "dapo"), so
+    every generated token weighs the same, in a long episode or a short one. Returns (loss,
+    stats: clip fraction, mean KL, mean ratio over masked tokens)."""
     mask = mask.float()
     n_tokens = mask.sum().clamp(min=1.0)
     ratio = torch.exp(logp - old_logp)                                    # [N, T]

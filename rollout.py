@@ -41,19 +41,16 @@ class Span(NamedTuple):
 
 
 def token_at(tokenizer, ids, char):
-    """Index of the token of ``ids`` whose text covers character ``char`` of ``decode(ids)``:
-    the first j with ``len(decode(ids[:j + 1])) > char``, found by bisection. Prefixes are
-    decoded, not single tokens: a byte-level token may hold part of a multi-byte character."""
+    """The index of the token of ``ids`` covering character ``char`` of ``decode(ids)``, found
+    by bisection over decoded prefixes (a byte-level token may hold part of a character)."""
     return bisect.bisect_right(range(len(ids)), char,
                                key=lambda j: len(tokenizer.decode(ids[:j + 1])))
 
 
 def action_ranges(tokenizer, turn_ids, text, action):
-    """(action, content_start, content_end): token offsets in a turn of its parsed ``action``
-    (search_env.Action, whose character offsets are in ``text``, the turn as its env read it).
-    The action starts at the token overlapping its opening tag; the content starts after the
-    token completing that tag and ends at the token overlapping the closing tag. None for an
-    invalid turn."""
+    """(action, content_start, content_end): the token offsets in a turn of its parsed action,
+    from the characters search_env.parse_action found in ``text``; None for an invalid turn. A
+    token that holds part of a tag counts as the tag's."""
     if action.kind not in KIND_IDS:
         return None
     opening = SEARCH if action.kind == "search" else ANSWER
@@ -64,11 +61,8 @@ def action_ranges(tokenizer, turn_ids, text, action):
 
 
 class Transcript:
-    """Token ids of one episode with its masks, built turn by turn.
-
-    ``gen`` marks model-written tokens (the loss mask), ``info`` environment-written ones,
-    ``kind`` the action tokens (1 search, 2 answer); ``spans`` holds one Span per turn.
-    """
+    """One episode's token ids, built turn by turn, with ``gen`` (model-written tokens: the loss
+    mask), ``info`` (environment-written), ``kind`` (1 search, 2 answer) and a Span per turn."""
 
     def __init__(self, prompt_ids):
         self.ids = list(prompt_ids)
@@ -78,8 +72,7 @@ class Transcript:
         self.spans = []
 
     def add_turn(self, turn_ids, kind, turn_index, ranges=None):
-        """Append a generated turn; ``ranges`` are its action's offsets in it (action_ranges),
-        None for an invalid turn."""
+        """Append a generated turn and its action's ``ranges`` (action_ranges)."""
         start, n = len(self.ids), len(turn_ids)
         action, content_start, content_end = ranges if kind in KIND_IDS else (n, n, n)
         self.ids += turn_ids
@@ -110,8 +103,8 @@ def encode_episode(tokenizer, prompt, turns, observations):
 
 
 def pad(rows, fill, left=False):
-    """Lists of ids as one [len(rows), L] long tensor, each filled with ``fill`` on the right (or
-    on the left, so every row ends at column L) to the longest; L is at least 1."""
+    """Lists of ids as one [len(rows), L >= 1] long tensor, filled with ``fill`` on the right
+    (or on the left, so that every row ends at column L)."""
     L = max(1, max(map(len, rows), default=0))
     padded = []
     for row in rows:
@@ -154,33 +147,24 @@ class Rollouts:
 
 @torch.no_grad()
 def rollout(policy, tokenizer, envs, max_new_tokens=64, temperature=1.0, greedy=False):
-    """Play one episode per env (search_env.episodes: each question GROUP_SIZE times in a row),
-    one batched turn at a time, for at most the envs' ``max_turns`` turns.
-
-    Each turn, HF ``generate`` reads every unfinished transcript (left-padded, so all rows end
-    together) and samples until ``</search>``, ``</answer>`` or eos; the turn is cut after the
-    token that completes the stop string, its text goes to the episode's env, and the env's
-    observation is appended. No old-policy log-probs: with one batch per update they come free
-    from the policy's forward in train.rl_step.
-    """
+    """Play one episode per env (search_env.episodes), one batched turn at a time: ``generate``
+    reads every unfinished transcript and samples until a stop string or eos."""
     device = next(policy.parameters()).device
     pad_id = tokenizer.pad_token_id
     # eos, and any other end-of-text id the model's own generation config lists (Qwen: two)
-    model_eos = getattr(getattr(policy, "generation_config", None), "eos_token_id", None)
-    eos_ids = {tokenizer.eos_token_id,
-               *(model_eos if isinstance(model_eos, list) else [model_eos])} - {None}
+    model_eos = getattr(policy.generation_config, "eos_token_id", None)
+    eos_ids = {tokenizer.eos_token_id, *(model_eos if isinstance(model_eos, list) else [model_eos])}
+    eos_ids.discard(None)
     # Every sampling knob is pinned: generate fills unset ones from the model's own
     # generation_config (an instruct model ships top_k, top_p, repetition_penalty), and the
     # loss needs the tokens drawn from softmax(logits / temperature) alone.
-    gen_config = GenerationConfig(
-        max_new_tokens=max_new_tokens, do_sample=not greedy,
-        temperature=temperature if not greedy else None, top_k=0 if not greedy else None,
-        top_p=1.0 if not greedy else None, repetition_penalty=1.0,
-        stop_strings=list(STOP_STRINGS), eos_token_id=sorted(eos_ids), pad_token_id=pad_id)
-    questions = [env.question for env in envs]
-    transcripts = [Transcript(tokenizer.encode(render_prompt(tokenizer, q),
-                                               add_special_tokens=False))
-                   for q in questions]
+    sampling = (dict(do_sample=False) if greedy
+                else dict(do_sample=True, temperature=temperature, top_k=0, top_p=1.0))
+    gen_config = GenerationConfig(max_new_tokens=max_new_tokens, repetition_penalty=1.0,
+                                  stop_strings=list(STOP_STRINGS), eos_token_id=sorted(eos_ids),
+                                  pad_token_id=pad_id, **sampling)
+    transcripts = [Transcript(tokenizer.encode(render_prompt(tokenizer, env.question),
+                                               add_special_tokens=False)) for env in envs]
     turn_texts = [[] for _ in envs]
     was_training = policy.training
     policy.eval()
@@ -188,6 +172,7 @@ def rollout(policy, tokenizer, envs, max_new_tokens=64, temperature=1.0, greedy=
         rows = [i for i, env in enumerate(envs) if not env.done]   # the unfinished episodes
         if not rows:
             break
+        # left-padded, so that every row's next token comes at the same column
         ids = pad([transcripts[i].ids for i in rows], pad_id, left=True)          # [B, L]
         mask = pad([[1] * len(transcripts[i].ids) for i in rows], 0, left=True)   # [B, L]
         out = policy.generate(input_ids=ids.to(device), attention_mask=mask.to(device),
@@ -205,15 +190,14 @@ def rollout(policy, tokenizer, envs, max_new_tokens=64, temperature=1.0, greedy=
     policy.train(was_training)
     return Rollouts(**collate(transcripts, pad_id), rewards=torch.tensor([e.reward for e in envs]),
                     answers=[e.answer for e in envs], turns=torch.tensor([e.turns for e in envs]),
-                    questions=questions, turn_texts=turn_texts,
+                    questions=[env.question for env in envs], turn_texts=turn_texts,
                     em=torch.tensor([e.em for e in envs]))
 
 
 def cut_turn(tokenizer, tokens, eos_ids, pad_id):
-    """One generated turn as (token ids, text): everything before the first eos, then cut after
-    the token that completes the first ``</search>`` or ``</answer>`` (the stop strings). The
-    text is what the env reads: it ends at the stop string, even when the last token also holds
-    a character or two after it. A turn that ran to max_new_tokens keeps what was written."""
+    """One generated turn as (token ids, text): what precedes the first eos, cut after the token
+    completing the first stop string. The text, what the env reads, ends at the stop string,
+    even when that token holds a character after it."""
     eos = next((j for j, t in enumerate(tokens) if t in eos_ids), None)
     if eos is not None:
         tokens = tokens[:eos]

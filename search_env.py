@@ -42,9 +42,7 @@ _DROP_PUNCT = str.maketrans("", "", string.punctuation)
 
 
 def normalize_answer(text):
-    """SQuAD normalisation: lower-case, drop punctuation and the articles a/an/the, squeeze
-    spaces."""
-    # one C call: the lab's BM25 tokenises a million passages with it
+    """SQuAD normalisation: lower-case, no punctuation, no a/an/the, single spaces."""
     text = text.lower().translate(_DROP_PUNCT)
     text = re.sub(r"\b(a|an|the)\b", " ", text)
     return " ".join(text.split())
@@ -143,8 +141,7 @@ class BM25:
         self.idf = {w: math.log(1.0 + (n - d + 0.5) / (d + 0.5)) for w, d in df.items()}
 
     def scores(self, query):
-        """BM25 score of every document for the query, a list [n_docs]. A word the query
-        repeats counts once for each time it appears."""
+        """BM25 score of every document for the query [n_docs]; a repeated word counts twice."""
         k1, b = self.k1, self.b
         scores = [0.0] * len(self.tf)
         for w in tokenize(query):
@@ -172,57 +169,40 @@ class Action:
 
 
 def parse_action(turn_text):
-    """Parse one generated turn, which ends at the first ``</search>`` or ``</answer>``.
-
-    Valid: optional free text (thinking) then exactly one ``<search> q </search>`` or
-    ``<answer> a </answer>`` at the very end. Anything else is ``invalid``; this never raises.
-    A turn must be valid Unicode (no lone surrogates, which no file or terminal can encode)
-    without control characters (tab and newline are allowed in the thinking, not in the action).
-    """
+    """Parse one generated turn, which ends at the first ``</search>`` or ``</answer>``: valid is
+    optional thinking, then one ``<search> q </search>`` or ``<answer> a </answer>`` at the very
+    end. Anything else is ``invalid``, with the reason why; this never raises."""
     if not isinstance(turn_text, str):
         return Action("invalid", "not text")
-    try:
-        turn_text.encode("utf-8")
-    except UnicodeEncodeError as e:
-        surrogate = ord(turn_text[e.start])
-        return Action("invalid", f"not valid Unicode (lone surrogate U+{surrogate:04X})")
+    # Whatever prints or saves a turn must not break: no lone surrogate (category Cs), no
+    # control character (Cc) but the tab and line breaks.
     bad = next((ch for ch in turn_text
-                if unicodedata.category(ch) == "Cc" and ch not in "\t\n\r"), None)
+                if unicodedata.category(ch) in ("Cc", "Cs") and ch not in "\t\n\r"), None)
     if bad is not None:
-        return Action("invalid", f"control character U+{ord(bad):04X}")
+        return Action("invalid", f"unprintable character U+{ord(bad):04X}")
     text = turn_text.strip()
     counts = {t: text.count(t) for t in TAGS}
-    if counts[INFO] or counts[INFO_END]:
-        return Action("invalid", "the model may not write <information>")
-    n_search = counts[SEARCH] + counts[SEARCH_END]
-    n_answer = counts[ANSWER] + counts[ANSWER_END]
-    if n_search and n_answer:
-        return Action("invalid", "both a search and an answer")
-    if n_search == 0 and n_answer == 0:
-        return Action("invalid", "no action tag")
+    n_search, n_answer = counts[SEARCH] + counts[SEARCH_END], counts[ANSWER] + counts[ANSWER_END]
     kind, open_tag, close_tag = (("search", SEARCH, SEARCH_END) if n_search
                                  else ("answer", ANSWER, ANSWER_END))
-    if counts[open_tag] != 1 or counts[close_tag] != 1:
-        return Action("invalid", "unclosed or repeated tag")
-    if not text.endswith(close_tag):
-        return Action("invalid", "text after the closing tag")
-    start = text.index(open_tag)
+    start = text.find(open_tag)
     body = text[start + len(open_tag):-len(close_tag)]
-    if any(t in body for t in TAGS):
-        return Action("invalid", "nested tag")
-    if any(ch in "\t\n\r" for ch in body):
-        return Action("invalid", "tab or line break inside the " + kind)
-    content = body.strip()
-    if not content:
-        return Action("invalid", "empty " + kind)
-    if len(content) > MAX_ACTION_CHARS:
-        return Action("invalid", kind + " too long")
-    before = text[:start]
-    if counts[THINK] != counts[THINK_END] or before.count(THINK_END) != counts[THINK_END]:
-        return Action("invalid", "unbalanced <think>")
+    # The rules of a valid turn, each with what breaking it means, checked in this order.
+    rules = [(not counts[INFO] and not counts[INFO_END], "the model may not write <information>"),
+             (bool(n_search) != bool(n_answer), "no action tag, or both kinds"),
+             (counts[open_tag] == counts[close_tag] == 1, "unclosed or repeated tag"),
+             (text.endswith(close_tag), "text after the closing tag"),
+             (not any(t in body for t in TAGS + ("\t", "\n", "\r")),
+              f"a tag, tab or line break inside the {kind}"),
+             (0 < len(body.strip()) <= MAX_ACTION_CHARS, f"empty or runaway {kind}"),
+             (counts[THINK] == counts[THINK_END] == text[:start].count(THINK_END),
+              "unbalanced <think>")]
+    broken = next((why for ok, why in rules if not ok), None)
+    if broken:
+        return Action("invalid", broken)
     # offsets in turn_text itself, which the rollout maps to tokens: text is it, stripped
     lead = len(turn_text) - len(turn_text.lstrip())
-    return Action(kind, content, lead + start, lead + len(text) - len(close_tag))
+    return Action(kind, body.strip(), lead + start, lead + len(text) - len(close_tag))
 
 
 def stop_end(text):
@@ -256,14 +236,10 @@ class StepResult:
 
 class SearchEnv:
     """One multi-turn episode for one question: each generated turn in, an observation out.
-    ``retriever`` answers its searches (a World, or see the module docstring). ``reward`` is
-    what training optimises, ``em`` what evaluation reports: the same until ``reward`` changes."""
+    ``retriever`` answers its searches; ``reward`` is what training optimises, ``em`` what
+    evaluation reports (the same until ``reward`` changes)."""
 
     def __init__(self, retriever, question, max_turns=4, top_k=3):
-        if max_turns < 1:
-            raise ValueError(f"max_turns must be >= 1, got {max_turns}")
-        if top_k < 1:
-            raise ValueError(f"top_k must be >= 1, got {top_k}")
         self.retriever, self.question = retriever, question
         self.max_turns, self.top_k = max_turns, top_k
         self.turns, self.done, self.reward, self.em, self.answer = 0, False, 0.0, 0.0, None

@@ -203,16 +203,15 @@ def step_world(cfg, step):
 
 # ----------------------------------------------------------------------------- one RL step
 def rl_step(cfg, step, world, policy, reference, tokenizer, optimizer):
-    """One step of GRPO or EviSD on QUESTIONS_PER_STEP x GROUP_SIZE = N episodes of ``world``
-    (step_world; this rank's share under torchrun). ``reference`` is the frozen warm-up model of
-    the KL term, or None. Returns (metrics, record): ``record`` holds the step's tensors, for
-    the lab's measurement (MEASURE)."""
+    """One step of GRPO or EviSD on QUESTIONS_PER_STEP x GROUP_SIZE = N episodes of ``world``.
+    ``reference`` is the KL term's frozen warm-up model, or None. Returns (metrics, record), the
+    latter for the lab's measurement (MEASURE)."""
     t0 = time.perf_counter()
     device, dtype = next(policy.parameters()).device, getattr(torch, cfg["DTYPE"])
     rank, world_size = runs.rank_and_size()
 
-    # 1. Rollout: GROUP_SIZE episodes of each question, one batch per turn (rollout.py), each
-    #    episode talking to its own search env (search_env.py).
+    # 1. Rollout: GROUP_SIZE episodes of each question (under torchrun, this rank's share), one
+    #    batch per turn (rollout.py), each episode with its own search env (search_env.py).
     runs.seed_everything("rl", cfg["SEED"], step, rank)   # a resumed run draws the same batch
     questions = random.Random(f"rl-batch/{cfg['SEED']}/{step}").sample(
         world.split("train"), cfg["QUESTIONS_PER_STEP"])[rank::world_size]
@@ -225,56 +224,46 @@ def rl_step(cfg, step, world, policy, reference, tokenizer, optimizer):
     ids, attention = r.input_ids.to(device), r.attention_mask.to(device)   # [N, T]
     gen_mask = r.gen_mask.to(device)       # [N, T] model-written tokens: the loss mask
 
-    # 2. Reward: exact match of each episode's final answer, given by its env.
-    rewards = r.rewards                                                     # [N]
-
+    # 2. Reward: each env scored its episode's final answer (search_env.reward: exact match).
     # 3. Group advantage: each reward's z-score within its question's group (grpo.py).
-    adv = grpo.group_advantages(rewards, cfg["GROUP_SIZE"]).to(device)      # [N]
+    adv = grpo.group_advantages(r.rewards, cfg["GROUP_SIZE"]).to(device)    # [N]
 
-    # Log-probs of the sampled tokens. These very weights sampled the batch, so the detached
-    # log-probs are the old policy's (PPO's ratio) and the student's (EviSD's gap) at once.
+    def logprobs(lm):   # log p of the batch's tokens under lm, at the sampling temperature
+        with model.autocast(device, dtype):
+            return model.token_logprobs(lm, ids, attention, gen_mask,
+                                        temperature=cfg["TEMPERATURE"])
+
+    # These very weights sampled the batch, so the detached log-probs are the old policy's
+    # (PPO's ratio) and the student's (EviSD's gap) at once.
     policy.train()
-    with model.autocast(device, dtype):
-        logp = model.token_logprobs(policy, ids, attention, gen_mask,
-                                    temperature=cfg["TEMPERATURE"])        # [N, T]
+    logp = logprobs(policy)                                                 # [N, T]
     old_logp = logp.detach()                                                # [N, T]
-    ref_logp = None
-    if reference is not None:
-        with torch.no_grad(), model.autocast(device, dtype):
-            ref_logp = model.token_logprobs(reference, ids, attention, gen_mask,
-                                            temperature=cfg["TEMPERATURE"])  # [N, T]
+    with torch.no_grad():
+        ref_logp = logprobs(reference) if reference is not None else None   # [N, T]
 
     # 4. Token advantages. GRPO: every generated token carries its episode's A. EviSD: the same
-    #    policy re-scores each action under its own privileged context (the evidence for a
-    #    search, the golden answer for the answer), and the gap corrects the A of the action's
-    #    content tokens by at most EVISD_LAMBDA |A|, never flipping its sign (evisd.py).
-    token_adv = adv[:, None] * gen_mask                                     # [N, T]
-    teacher_logp, t_teacher, extra_loss = old_logp, 0.0, None
+    #    policy re-scores each action under its own privileged context, and the gap corrects the
+    #    A of the actions' content by at most EVISD_LAMBDA |A|, never flipping it (evisd.py).
     t1 = time.perf_counter()
-    if cfg["METHOD"] == "evisd":
+    token_adv, teacher_logp, extra_loss = adv[:, None] * gen_mask, old_logp, None   # [N, T]
+    if cfg["METHOD"] != "grpo":
+        # EviSD, or a peer's rule from the lab: the same teacher's gap, another form of credit
+        credit = evisd.credit if cfg["METHOD"] == "evisd" else runs.lab(
+            "peers", f"METHOD={cfg['METHOD']!r}").rule(step)
         with model.autocast(device, dtype):
-            token_adv, teacher_logp, extra_loss = evisd.credit(
-                policy, tokenizer, world, r, adv, old_logp, cfg)   # [N, T] each
-    elif cfg["METHOD"] in PEERS:   # the lab's comparison: the same gap, a peer's form of credit
-        peers = runs.lab("peers", f"METHOD={cfg['METHOD']!r}")
-        with model.autocast(device, dtype):
-            token_adv, teacher_logp, extra_loss = peers.credit(
-                cfg, step, policy, tokenizer, world, r, adv, old_logp)
+            token_adv, teacher_logp, extra_loss = credit(policy, tokenizer, world, r, adv,
+                                                         old_logp, cfg)     # [N, T] each
     t_teacher = time.perf_counter() - t1 if cfg["METHOD"] != "grpo" else 0.0
 
     # 5. Loss and 6. optimizer step, PPO_EPOCHS times over the batch (the first reuses logp).
     for epoch in range(cfg["PPO_EPOCHS"]):
-        if epoch > 0:
-            with model.autocast(device, dtype):
-                logp = model.token_logprobs(policy, ids, attention, gen_mask,
-                                            temperature=cfg["TEMPERATURE"])  # [N, T]
+        logp = logp if epoch == 0 else logprobs(policy)                     # [N, T]
         loss, stats = grpo.policy_loss(logp, old_logp, ref_logp, token_adv, gen_mask,
                                        cfg["CLIP_EPS"], cfg["KL_COEF"])
         if extra_loss is not None:     # EviSD's gated-loss row, SDAR, SD-Search: a term beside it
             with model.autocast(device, dtype):
                 extra = extra_loss(policy, logp)
-            loss = loss + extra
-            stats["extra_loss"] = extra.item()
+            loss, stats["extra_loss"] = loss + extra, extra.item()
         finite = torch.isfinite(loss.detach()).float()
         if world_size > 1:   # all ranks skip together, or the gradient all-reduce would hang
             dist.all_reduce(finite, op=dist.ReduceOp.MIN)
@@ -291,12 +280,12 @@ def rl_step(cfg, step, world, policy, reference, tokenizer, optimizer):
     # The share of generated tokens whose advantage the teacher moved: 0 under GRPO.
     gen_tokens = int(r.gen_mask.sum())
     moved = ((token_adv != adv[:, None]) & gen_mask.bool()).sum().item() / max(gen_tokens, 1)
-    metrics = dict(stats, reward=rewards.mean().item(), loss=loss.item(),
-                   turns=r.turns.float().mean().item(), tokens=int(r.attention_mask.sum()),
-                   gen_tokens=gen_tokens, teacher_s=t_teacher, modulated_frac=moved,
+    metrics = dict(stats, step=step, reward=r.rewards.mean().item(), loss=loss.item(),
+                   em=r.em.float().mean().item(), turns=r.turns.float().mean().item(),
                    answered=sum(a is not None for a in r.answers) / len(r.answers),
-                   step=step, step_s=time.perf_counter() - t0, rollout_s=t_rollout)
-    metrics["em"] = r.em.float().mean().item()   # what evaluation reports, whatever the reward
+                   tokens=int(r.attention_mask.sum()), gen_tokens=gen_tokens,
+                   modulated_frac=moved, step_s=time.perf_counter() - t0, rollout_s=t_rollout,
+                   teacher_s=t_teacher)
     record = dict(rollouts=r, world=world, adv=adv, gap=teacher_logp - old_logp,
                   token_adv=token_adv)
     return metrics, record

@@ -150,6 +150,13 @@ def bicaa_advantages(adv, turn_rewards, turn_of_token, gen_mask, mask, group_siz
 
 
 # ----------------------------------------------------------------------------- one step's credit
+def rule(step):
+    """The peer's credit at RL step ``step``, with evisd.credit's signature: what train.rl_step
+    calls for METHOD in train.PEERS."""
+    return lambda policy, tokenizer, world, rollouts, adv, student_logp, cfg: credit(
+        cfg, step, policy, tokenizer, world, rollouts, adv, student_logp)
+
+
 def credit(cfg, step, policy, tokenizer, world, rollouts, adv, student_logp):
     """Step 4 of train.rl_step for a peer's rule (METHOD): (token_adv [N, T], teacher_logp
     [N, T], extra_loss) where extra_loss(policy, logp) is the rule's term beside the clipped

@@ -116,10 +116,10 @@ def test_malformed_turns_are_invalid(turn):
 
 
 @pytest.mark.parametrize("turn, why", [
-    ("<answer>\udcff</answer>", "not valid Unicode (lone surrogate U+DCFF)"),
-    ("<think> a\udcff </think><search> b </search>", "not valid Unicode (lone surrogate U+DCFF)"),
-    ("<think> a\x07 </think><answer> b </answer>", "control character U+0007"),
-    ("<answer> a\x85b </answer>", "control character U+0085"),
+    ("<answer>\udcff</answer>", "unprintable character U+DCFF"),
+    ("<think> a\udcff </think><search> b </search>", "unprintable character U+DCFF"),
+    ("<think> a\x07 </think><answer> b </answer>", "unprintable character U+0007"),
+    ("<answer> a\x85b </answer>", "unprintable character U+0085"),
 ])
 def test_text_no_file_can_hold_is_an_invalid_turn(turn, why):
     # The whole turn counts, thinking included: whatever prints or saves it must not break.
