@@ -152,7 +152,7 @@ def rollout(policy, tokenizer, envs, max_new_tokens=64, temperature=1.0, greedy=
     device = next(policy.parameters()).device
     pad_id = tokenizer.pad_token_id
     # eos, and any other end-of-text id the model's own generation config lists (Qwen: two)
-    model_eos = getattr(policy.generation_config, "eos_token_id", None)
+    model_eos = getattr(getattr(policy, "generation_config", None), "eos_token_id", None)
     eos_ids = {tokenizer.eos_token_id, *(model_eos if isinstance(model_eos, list) else [model_eos])}
     eos_ids.discard(None)
     # Every sampling knob is pinned: generate fills unset ones from the model's own
