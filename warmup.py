@@ -1,12 +1,9 @@
 """The supervised warm-up: imitate the toy world's expert before RL, cached on disk.
 
-A random model cannot search yet, so RL would see reward 0 everywhere. The warm-up fits it to
-expert transcripts (toy_world.expert_episode) with the slips and two *habits* (answering one hop
-early, searching a person by first name) that only the reward can correct, so RL has something
-to fix. A share of clean demonstrations is shown under EviSD's privileged context, so the model
-has read gold evidence and golden answers before its teacher is asked to. The result is cached
-by every setting it depends on (``KEYS``): the GRPO and EviSD runs of a seed start from the same
-weights. A pretrained model (MODEL = an HF name) usually skips it (SFT_STEPS = 0).
+A random model cannot search, so RL would see reward 0 everywhere. The warm-up fits it to expert
+transcripts with slips and habits that only the reward can correct, some clean ones under EviSD's
+privileged context, so the model has read gold evidence and golden answers before its teacher is
+asked to. It is cached by ``KEYS``: the GRPO and EviSD runs of a seed start from the same weights.
 """
 import hashlib
 import json
@@ -69,11 +66,9 @@ def batch(cfg, tokenizer, step):
 
 
 def privileged_demonstration(tr, evidence_ids, answer_ids, evidence_at, answer_at):
-    """A clean demonstration with both blocks in one sequence: the evidence before each search
-    (or the first), the golden answer before the opening <answer> tag or after it. The model
-    reads every placement a teacher may use, so it has read blocks before a teacher asks it
-    to. Returns (Transcript, student_pos) as evisd.insert_blocks gives them: the blocks are
-    information the model reads, not writes; the spans move with their tokens."""
+    """A clean demonstration with both blocks (read, not written), in every placement a teacher
+    uses: the evidence before each search (or the first), the golden answer before or after the
+    opening <answer> tag. Returns (Transcript, student_pos) as evisd.insert_blocks does."""
     # where a teacher with these placements puts each block (evisd.block_position)
     placement = {"EVISD_SPAN": "content", "ANSWER_AT": answer_at}
     searches = [evisd.block_position(s, placement) for s in tr.spans if s.kind == "search"]
@@ -97,23 +92,6 @@ def privileged_demonstration(tr, evidence_ids, answer_ids, evidence_at, answer_a
                             content_end=max(moved(s.content_start), moved(s.content_end, False)),
                             end=moved(s.end, False)) for s in tr.spans]
     return out, student_pos
-
-
-def expert_rollouts(cfg, tokenizer, world, questions, seed=0):
-    """Noisy expert episodes (GROUP_SIZE of each question) packed like rollout.rollout's output:
-    what a warmed-up policy writes, for the lab's benchmarks and tests of a random model, which
-    writes no actions for the teacher to score."""
-    rng = random.Random(seed)
-    asked = [q for q in questions for _ in range(cfg["GROUP_SIZE"])]
-    episodes = [toy_world.expert_episode(q, world, noise=0.5, rng=rng, max_turns=cfg["MAX_TURNS"],
-                                         top_k=cfg["TOP_K"]) for q in asked]
-    transcripts = [rollout.encode_episode(tokenizer, model.render_prompt(tokenizer, q), e.turns,
-                                          e.observations) for q, e in zip(asked, episodes)]
-    return rollout.Rollouts(**rollout.collate(transcripts, tokenizer.pad_token_id),
-                          rewards=torch.tensor([e.reward for e in episodes]),
-                          answers=[e.answer for e in episodes],
-                          turns=torch.tensor([len(e.turns) for e in episodes]), questions=asked,
-                          turn_texts=[e.turns for e in episodes])
 
 
 def cache_path(cfg):

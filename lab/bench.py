@@ -45,7 +45,7 @@ import runs  # noqa: E402
 import search_env  # noqa: E402
 import toy_world  # noqa: E402
 import train  # noqa: E402
-import warmup  # noqa: E402
+from lab import expert  # noqa: E402
 
 
 def timed(fn, repeats):
@@ -176,7 +176,7 @@ def bench_config(name, lm, tok, cfg, device, dtype, repeats, trained, decodes, r
     if rollout_only:
         return row
 
-    batch = r if trained else warmup.expert_rollouts(cfg, tok, world, questions)
+    batch = r if trained else expert.expert_rollouts(cfg, tok, world, questions)
     results = {method: update_seconds(dict(cfg, METHOD=method), lm, tok, batch, world, repeats)
                for method in ("grpo", "evisd")}
     if device.type == "cuda":

@@ -32,7 +32,7 @@ import rollout  # noqa: E402
 import runs  # noqa: E402
 import search_env  # noqa: E402
 import train  # noqa: E402
-import warmup  # noqa: E402
+from lab import expert  # noqa: E402
 
 KINDS = ("search", "answer")
 
@@ -99,14 +99,14 @@ def sampled_batches(policy, tokenizer, cfg, n_batches, seed=0):
 
 
 def expert_batches(tokenizer, cfg, n_batches):
-    """Batches of noisy expert episodes (warmup.expert_rollouts: real action spans, mixed
+    """Batches of noisy expert episodes (lab/expert.py: real action spans, mixed
     rewards) instead of sampled ones: for a briefly trained model that writes few actions."""
     out = []
     for b in range(n_batches):
         world = train.step_world(cfg, 10_000 + b)
         questions = random.Random(f"precision/{b}").sample(world.split("train"),
                                                            cfg["QUESTIONS_PER_STEP"])
-        r = warmup.expert_rollouts(cfg, tokenizer, world, questions, seed=b)
+        r = expert.expert_rollouts(cfg, tokenizer, world, questions, seed=b)
         out.append((world, r, grpo.group_advantages(r.rewards, cfg["GROUP_SIZE"])))
     return out
 

@@ -14,8 +14,8 @@ import rollout
 import runs
 import search_env
 import train
-import warmup
 from conftest import DEVICE
+from lab import expert
 from test_rollout import _check_masks, tok, trained, world  # noqa: F401 (fixtures)
 
 # train.py's config on this device, every "auto" resolved: the dtype it computes in (bf16
@@ -64,7 +64,7 @@ def test_cached_rollout_on_the_device_matches_a_fresh_forward(trained, world, to
 def sampled(trained, world, tok):
     """The trained model on the device and a batch of noisy expert episodes with mixed rewards
     (what a warmed-up policy samples: real action spans, some right, some wrong)."""
-    r = warmup.expert_rollouts(CFG, tok, world, world.split("train")[:4])
+    r = expert.expert_rollouts(CFG, tok, world, world.split("train")[:4])
     assert 0 < r.rewards.sum() < len(r.rewards)
     return copy.deepcopy(trained).to(device), r
 

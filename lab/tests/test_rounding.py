@@ -2,8 +2,7 @@
 embedded model: if a change makes the gap fragile under the GPU's precision, this fails."""
 import grpo
 import train
-import warmup
-from lab import precision
+from lab import expert, precision
 from test_rollout import tok, trained, world  # noqa: F401 (fixtures)
 
 GUARD = 0.10     # rounding may move at most this share of the correction's mass, per kind
@@ -14,7 +13,7 @@ def test_rounding_moves_under_a_tenth_of_the_correction(tok, trained, world):
     questions = world.split("train")
     batches = []
     for b in range(3):
-        r = warmup.expert_rollouts(cfg, tok, world, questions[4 * b:4 * b + 4], seed=b)
+        r = expert.expert_rollouts(cfg, tok, world, questions[4 * b:4 * b + 4], seed=b)
         batches.append((world, r, grpo.group_advantages(r.rewards, 4)))
     result = precision.rounding(trained, tok, batches, cfg)
     print(precision.table(result))
