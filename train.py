@@ -375,7 +375,8 @@ def main(argv):
             bad_steps = bad_steps + 1 if metrics.get("nonfinite_loss") else 0
             if rank == 0:
                 runs.log_metrics(out, metrics)
-                bar.set_postfix(reward=f"{metrics['reward']:.2f}", kl=f"{metrics['kl']:.3f}")
+                bar.set_postfix(reward=f"{metrics['reward']:.2f}", kl=f"{metrics['kl']:.3f}",
+                                moved=f"{metrics['modulated_frac']:.3f}")
             if bad_steps >= cfg["MAX_BAD_STEPS"]:
                 raise SystemExit(f"stopping: {bad_steps} consecutive steps had a NaN/inf loss "
                                  "(updates skipped); try a lower LR or DTYPE=float32")

@@ -86,7 +86,8 @@ def test_readme_ours_column_is_the_records(tables, records):
     table = table[:table.index("\n\n", table.index("|"))]
     cells = tables.readme_cells(records)
     for override in ["(the default)"] + [f"`{row[2]}`" for row in tables.ROWS]:
-        line = next(ln for ln in table.splitlines() if f"| {override} |" in ln)
+        # a row may name more overrides today than the protocol did (the gated loss's span)
+        line = next(ln for ln in table.splitlines() if f"| {override} " in ln)
         assert line.rstrip(" |").rsplit("| ", 1)[1] == cells[override.strip("`")], override
 
 
