@@ -1,15 +1,5 @@
-"""The network: the tokenizer and the embedded default model, HF models, token log-probs.
-
-* ``build_tokenizer(texts)`` trains a small byte-level BPE on the toy world's text, so common
-  words are whole tokens, names split into syllable-sized pieces, nothing is ever ``<unk>``,
-  and every protocol tag is one token.
-* ``build_model(tokenizer, size)`` makes a random Qwen2 causal LM, its first head optionally a
-  previous-token head (``prev_token_head``); ``load_model`` loads an HF directory or hub name,
-  never adding tokens: a pretrained tokenizer's tags stay plain text.
-* ``render_prompt`` is what the model reads before its first turn (rollout.py plays the turns).
-* ``token_logprobs`` gives log p of each token, applying the output projection only where asked;
-  ``enable_checkpointing`` trades compute for activation memory on real models.
-"""
+"""The network: the embedded tokenizer (each protocol tag one token) and model, HF models (their
+tags plain text), the prompt before the first turn (rollout.py plays the turns), log-probs."""
 import os
 import socket
 import urllib.parse
@@ -24,15 +14,11 @@ from transformers.utils import logging as transformers_logging
 from search_env import INSTRUCTION, INVALID_OBSERVATION, TAGS, Question, format_information
 from toy_world import SYLLABLES, expert_episode, make_world
 
-# transformers' progress bars and notices ("Loading weights", "Writing model shards") would bury
-# the run's own output; its errors still show.
+# transformers' progress bars and notices would bury the run's own output; its errors still show.
 transformers_logging.set_verbosity_error()
 transformers_logging.disable_progress_bar()
 
-SPECIAL_TOKENS = ["<pad>", "<bos>", "<eos>", "<unk>"]
-
-# hidden, layers, heads, kv heads, mlp width (tiny: 0.54M parameters; why these, in
-# docs/design-notes.md)
+# hidden, layers, heads, kv heads, mlp width (why these: docs/design-notes.md)
 SIZES = {"tiny": (128, 3, 4, 2, 256), "small": (256, 6, 8, 4, 768), "base": (512, 8, 8, 4, 1536)}
 
 
@@ -51,16 +37,13 @@ def tokenizer_texts(seeds=(0, 1, 2, 3)):
 
 
 def build_tokenizer(texts, vocab_size=768):
-    """A byte-level BPE tokenizer wrapped as a Hugging Face fast tokenizer.
-
-    Byte-level means any string encodes (no ``<unk>``) and decodes back exactly; a small
-    vocabulary keeps whole names from becoming single tokens, so an unseen name is spelled
-    from the same syllable pieces the model has learned to copy.
-    """
+    """A byte-level BPE as an HF fast tokenizer: any string encodes and decodes back exactly; a
+    small vocabulary spells an unseen name from the syllable pieces the model learns to copy."""
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=SPECIAL_TOKENS,
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size,
+                                  special_tokens=["<pad>", "<bos>", "<eos>", "<unk>"],
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
                                   show_progress=False)
     tok.train_from_iterator(texts, trainer)
@@ -91,12 +74,10 @@ def build_model(tokenizer, size="tiny", seed=0, prev_token_init=0.0):
 
 
 def prev_token_head(model, scale, back=1, frequencies=4):
-    """Layer 0's first head attends to the token ``back`` positions earlier, whatever the tokens:
-    half an induction head, which copies a name read earlier, and which a random model otherwise
-    grows only after a plateau as long as its seed's luck. RoPE turns pair (j, j + d/2) by
-    position * theta_j, so key bias (scale, 0) and query bias scale * e^(-i back theta_j) on the
-    fastest pairs score key n for query m by scale^2 * sum_j cos((m - n - back) theta_j),
-    highest at n = m - back. All else starts as HF draws it."""
+    """Layer 0's first head attends ``back`` tokens earlier, whatever the tokens: half the induction
+    head that copies a name, which a random model grows late, by luck. RoPE turns pair (j, j + d/2)
+    by position * theta_j, so key bias (scale, 0) and query bias scale * e^(-i back theta_j) on the
+    fastest pairs score key n for query m by scale^2 * sum_j cos((m - n - back) theta_j)."""
     attn = model.model.layers[0].self_attn
     d, theta = attn.head_dim, model.model.rotary_emb.inv_freq[:frequencies]
     with torch.no_grad():   # the biases start at 0
@@ -106,9 +87,8 @@ def prev_token_head(model, scale, back=1, frequencies=4):
 
 
 def load_model(name_or_path, dtype=None, local_files_only=None):
-    """(model, tokenizer) from a local HF directory or a hub name: the local cache first, then
-    the hub only if it answers at all, so offline it fails at once with one clear error instead
-    of ~30 s of retries. ``local_files_only`` defaults to the HF_HUB_OFFLINE variable."""
+    """(model, tokenizer) from an HF directory or hub name: the local cache first, the hub only
+    if it answers, so offline fails at once. ``local_files_only`` defaults to HF_HUB_OFFLINE."""
     if local_files_only is None:
         local_files_only = os.environ.get("HF_HUB_OFFLINE", "0") not in ("", "0", "false")
     try:
@@ -126,8 +106,7 @@ def load_model(name_or_path, dtype=None, local_files_only=None):
                 f"MODEL='tiny'. (cause: {type(e).__name__}: {str(e).splitlines()[0]})") from None
         tokenizer = AutoTokenizer.from_pretrained(name_or_path)
         model = AutoModelForCausalLM.from_pretrained(name_or_path, dtype=dtype)
-    # Tags stay ordinary text (Search-R1's practice): new tokens would be embeddings the
-    # pretrained model has never trained. Only a pad token is needed, and eos serves.
+    # Tags stay text, as in Search-R1: new tokens would be untrained embeddings. eos pads.
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
     return model, tokenizer
@@ -168,26 +147,19 @@ def render_prompt(tokenizer, question):
 
 # ----------------------------------------------------------------------------- log-probs
 def token_logprobs(model, input_ids, attention_mask, score_mask=None, chunk=4096, temperature=1.0):
-    """log p(token_t | tokens_<t) for every position, shape [N, T]; position 0 gets 0.
-
-    Only positions where ``score_mask`` is 1 are computed (all others are 0): the decoder runs
-    over the whole batch once, but the output projection and the log-softmax run only on the
-    selected hidden states, a chunk of rows at a time, with gather - logsumexp instead of a full
-    [N, T, V] log-softmax, so a large vocabulary fits in memory. With gradient checkpointing on,
-    each chunk's logits are recomputed in the backward pass instead of kept.
-    """
+    """log p(token_t | tokens_<t), [N, T]: 0 at position 0 and where ``score_mask`` is 0. The
+    output projection runs only where asked, a chunk of rows at a time (gather - logsumexp, no
+    [N, T, V] log-softmax), so a large vocabulary fits; under gradient checkpointing each
+    chunk's logits are recomputed in the backward pass instead of kept."""
     decoder = model.get_decoder()
     # No KV cache in a scoring forward: it would only hold every layer's keys and values.
     hidden = decoder(input_ids=input_ids, attention_mask=attention_mask,
                      use_cache=False).last_hidden_state
-    if score_mask is None:
-        score_mask = attention_mask
-    select = score_mask[:, 1:].bool()                          # [N, T-1] targets to score
+    select = (attention_mask if score_mask is None else score_mask)[:, 1:].bool()  # [N, T-1]
     h = hidden[:, :-1][select]                                 # [M, d] the states predicting them
     targets = input_ids[:, 1:][select]                         # [M]
     head = model.get_output_embeddings()
-    # at most 2^27 logits (512 MB fp32) at once
-    rows = min(chunk, max(1, 2**27 // head.weight.shape[0]))
+    rows = min(chunk, max(1, 2**27 // head.weight.shape[0]))   # <= 2^27 logits (512 MB fp32)
     recompute = (torch.is_grad_enabled() and model.training
                  and getattr(decoder, "gradient_checkpointing", False))
     pieces = []
@@ -206,8 +178,7 @@ def _chunk_logprobs(head, h, targets, temperature):
 
 
 def enable_checkpointing(model):
-    """Gradient (activation) checkpointing: each decoder layer's activations are recomputed in
-    the backward pass instead of kept: compute traded for memory, for real models."""
+    """Recompute each decoder layer's activations in the backward pass: compute for memory."""
     # the renamed method in transformers 5; the kwargs dict either way
     enable = (getattr(model, "activation_checkpointing_enable", None)
               or model.gradient_checkpointing_enable)
