@@ -8,9 +8,10 @@
                                             # rollouts only, Qwen2.5-0.5B's shape too (a GPU)
 
 For each config, on one batch of QUESTIONS x GROUP episodes:
-* rollout tokens/s of ``rollout.rollout`` for each decode path (``--decodes``, train.DECODE's
-  values) beside one plain ``model.generate`` call that writes the same number of tokens (forced
-  with min_new_tokens), timed in turns (A B C A B C ...) so a busy machine slows all alike;
+* rollout tokens/s of each decode path (``--decodes``, train.DECODE's values: "generate", the
+  core's rollout.rollout; "static" and "compiled", lab/fast_decode.py's decoders) beside one
+  plain ``model.generate`` call that writes the same number of tokens (forced with
+  min_new_tokens), timed in turns (A B C A B C ...) so a busy machine slows all alike;
 * the roofline: each decode step reads every weight once, so a rollout takes at least
   weight bytes x decode steps / memory bandwidth (a copy's, measured here); each rollout's
   ``of_roofline`` is that time over its own;
@@ -38,7 +39,6 @@ from unittest import mock
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-import fast_decode  # noqa: E402
 import model  # noqa: E402
 import rollout  # noqa: E402
 import runs  # noqa: E402
@@ -46,6 +46,11 @@ import search_env  # noqa: E402
 import toy_world  # noqa: E402
 import train  # noqa: E402
 from lab import expert  # noqa: E402
+from lab import fast_decode  # noqa: E402
+
+# train.DECODE's values and the rollout function each plays
+PLAYS = {"generate": rollout.rollout, **{name: fast_decode.decoder(name)
+                                         for name in fast_decode.NAMES}}
 
 
 def timed(fn, repeats):
@@ -106,8 +111,9 @@ def decode_steps(do_rollout):
 @contextlib.contextmanager
 def fixed_batch(world, batch):
     """A context in which train.rl_step trains on ``batch`` (of ``world``'s questions) instead
-    of rolling out: what is timed or measured is the update alone."""
-    with mock.patch.object(train.rollout, "rollout", lambda *args, **kwargs: batch):
+    of rolling out, whatever its DECODE: what is timed or measured is the update alone."""
+    with (mock.patch.object(train.rollout, "rollout", lambda *args, **kwargs: batch),
+          mock.patch.object(fast_decode, "decoder", lambda name: lambda *args, **kw: batch)):
         yield
 
 
@@ -118,9 +124,9 @@ def update_seconds(cfg, policy, tok, batch, world, repeats):
     policy = copy.deepcopy(policy)          # the same starting weights for every method
     optimizer = torch.optim.AdamW(policy.parameters(), lr=cfg["LR"])
     with fixed_batch(world, batch):
-        seconds, (metrics, record) = timed(
+        seconds, (metrics, _) = timed(
             lambda: train.rl_step(cfg, 0, world, policy, reference, tok, optimizer), repeats)
-    return seconds, dict(metrics, **train.measure_beside(cfg, record))
+    return seconds, metrics
 
 
 def bench_config(name, lm, tok, cfg, device, dtype, repeats, trained, decodes, rollout_only,
@@ -134,8 +140,7 @@ def bench_config(name, lm, tok, cfg, device, dtype, repeats, trained, decodes, r
         envs = search_env.episodes(world, questions, cfg["GROUP_SIZE"], cfg["MAX_TURNS"],
                                    cfg["TOP_K"])
         with model.autocast(device, dtype):
-            return rollout.rollout(lm, tok, envs, cfg["MAX_NEW_TOKENS"], cfg["TEMPERATURE"],
-                                   decode=decode)
+            return PLAYS[decode](lm, tok, envs, cfg["MAX_NEW_TOKENS"], cfg["TEMPERATURE"])
     r = do_rollout(decodes[0])
     gen_tokens = int(r.gen_mask.sum())
 
@@ -216,7 +221,7 @@ def main():
                     help="random models of lab/gpu_memory.py's Qwen shapes, e.g. qwen2.5-0.5b")
     ap.add_argument("--model", default=None, help="a trained HF checkpoint directory instead")
     ap.add_argument("--decodes", default="generate,static",
-                    help=f"rollout decode paths, from {','.join(rollout.DECODES)}; the first is "
+                    help=f"rollout decode paths, from {','.join(PLAYS)}; the first is "
                     "the one the step columns use")
     ap.add_argument("--rollout-only", action="store_true", help="no update timings")
     ap.add_argument("--repeats", type=int, default=5)
@@ -225,8 +230,8 @@ def main():
     # the rest: train.py's --NAME=value overrides
     args, config_args = ap.parse_known_args()
     decodes = args.decodes.split(",")
-    if not set(decodes) <= set(rollout.DECODES):
-        ap.error(f"--decodes {args.decodes}: each must be one of {', '.join(rollout.DECODES)}")
+    if not set(decodes) <= set(PLAYS):
+        ap.error(f"--decodes {args.decodes}: each must be one of {', '.join(PLAYS)}")
     overrides = (config_args + [f"--DEVICE={args.device}"]
                  + ([f"--MODEL={args.model}"] if args.model else []))
     cfg, _, _ = train.configure(overrides)   # train.py's defaults, auto LRs resolved

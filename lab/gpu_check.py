@@ -14,15 +14,17 @@ runs out of time is recorded with the end of its output, and the next one still 
              DTYPE: warm-up and RL seconds per step, the KL at step 0 (must be exactly 0: the
              reference computes as the policy does), every loss finite, the full preset's
              time projected;
-* decode     the tiny run's model rolls out the same episodes with HF generate and with the
-             static decode, same seed: identical transcripts in float32 (must), and the share
-             of identical episodes under bf16 autocast (must be >= 0.9: kernels of different
-             shapes may round a near-tie the other way);
+* decode     the tiny run's model rolls out the same episodes with the core's rollout (HF
+             generate) and with lab/fast_decode.py's static decode, same seed: identical
+             transcripts in float32 (must), and the share of identical episodes under bf16
+             autocast (must be >= 0.9: kernels of different shapes may round a near-tie the
+             other way);
 * rounding   lab/precision.py on the tiny run's model: bf16 rounding's share of EviSD's
              correction per action kind, on the device (must be <= 0.10, as its CPU test);
-* rollout    lab/bench.py --rollout-only: rollout tokens/s of each decode path (HF generate,
-             the static loop; its compiled step on tiny) beside plain generate and the roofline,
-             for tiny, small and a random model of Qwen2.5-0.5B's shape;
+* rollout    lab/bench.py --rollout-only: rollout tokens/s of each decode path (the core's
+             HF generate, lab/fast_decode.py's static loop; its compiled step on tiny) beside
+             plain generate and the roofline, for tiny, small and a random model of
+             Qwen2.5-0.5B's shape;
 * memory     lab/gpu_memory.py: a random model of Qwen2.5-0.5B-Instruct's exact shape (no
              download) put through two RL updates of the Qwen preset, with
              GRADIENT_CHECKPOINTING, at the worst case docs/one-gpu.md assumes: the peak of
@@ -290,11 +292,13 @@ def train_figures(out, sft, args):
     return figures
 
 
-# The decode part's child: the tiny run's model, the same episodes and seed, both decode paths.
+# The decode part's child: the tiny run's model, the same episodes and seed, played by the core's
+# rollout (HF generate) and by lab/fast_decode.py's static decode.
 DECODE_CHILD = """
 import json, sys, torch
 sys.path.insert(0, ".")
 import model, rollout, runs, search_env, train
+from lab import fast_decode
 run, device, path = sys.argv[1:4]
 torch.backends.cuda.matmul.allow_tf32 = False       # float32 means float32 here
 lm, tok, cfg, _ = runs.load_run(run)
@@ -304,12 +308,11 @@ questions = world.split("train")[:16]
 figures = {}
 for dtype in ("float32", "bfloat16"):
     out = []
-    for decode in ("generate", "static"):
+    for play in (rollout.rollout, fast_decode.decoder("static")):
         torch.manual_seed(0)
         envs = search_env.episodes(world, questions, 2, cfg["MAX_TURNS"], cfg["TOP_K"])
         with model.autocast(torch.device(device), getattr(torch, dtype)):
-            out.append(rollout.rollout(lm, tok, envs, cfg["MAX_NEW_TOKENS"], cfg["TEMPERATURE"],
-                                       decode=decode))
+            out.append(play(lm, tok, envs, cfg["MAX_NEW_TOKENS"], cfg["TEMPERATURE"]))
     a, b = out
     same = [ta == tb for ta, tb in zip(a.turn_texts, b.turn_texts)]
     actions = sum(s.kind != "invalid" for spans in a.spans for s in spans)
@@ -335,8 +338,8 @@ def part_decode(check):
     expect(rc, output, "the decode identity")
     figures = json.load(open(path))
     if figures["float32"]["identical_share"] < 1.0:
-        raise PartFailed("float32: generate and the static decode sampled different episodes",
-                         figures)
+        raise PartFailed("float32: the core's rollout and the static decode sampled different "
+                         "episodes", figures)
     if figures["bfloat16"]["identical_share"] < BF16_IDENTICAL:
         raise PartFailed(f"bf16: fewer than {BF16_IDENTICAL:.0%} of the episodes identical",
                          figures)
