@@ -2,8 +2,8 @@
 here as on CUDA, float16 is refused in one line, and evaluate.py computes on the run's own
 DEVICE and DTYPE unless its command line says otherwise. (One RL step per method and row under
 bf16, with its KL of exactly 0, is in test_device.py; the decode paths under bf16 and against
-CUDA-like attention outputs in test_fast_decode.py; rounding's share of EviSD's correction in
-lab/tests/test_rounding.py.)"""
+CUDA-like attention outputs in lab/tests/test_fast_decode.py; rounding's share of EviSD's
+correction in lab/tests/test_rounding.py.)"""
 import json
 import os
 
