@@ -35,10 +35,9 @@ EVAL_BATCH = 256             # questions per greedy rollout (a real dev split ha
 
 
 # ----------------------------------------------------------------------------- held-out EM
-def eval_world_seed(cfg, world_index, validation=False):
-    """The seed of held-out world ``EVAL_SEED + world_index``, or, with ``validation``, of
-    validation world ``EVAL_SEED - 1 - world_index``."""
-    return cfg["EVAL_SEED"] - 1 - world_index if validation else cfg["EVAL_SEED"] + world_index
+def eval_world_seed(cfg, k, validation=False):
+    """The seed of held-out world EVAL_SEED + k, or of validation world EVAL_SEED - 1 - k."""
+    return cfg["EVAL_SEED"] - 1 - k if validation else cfg["EVAL_SEED"] + k
 
 
 def real_data(cfg):
@@ -77,10 +76,10 @@ def heldout_em(policy, tokenizer, cfg, n=100, dtype=torch.float32):
     out, by_hops = {}, {h: [] for h in HOPS}
     for split in SPLITS:
         world, qs = heldout_questions(cfg, split, n)
-        rewards = greedy_episodes(policy, tokenizer, cfg, world, qs, dtype)[0].tolist()
-        out[split] = round(sum(rewards) / len(rewards), 4)
-        for q, r in zip(qs, rewards):
-            by_hops[q.hops].append(r)
+        ems = greedy_episodes(policy, tokenizer, cfg, world, qs, dtype)[0].tolist()
+        out[split] = round(sum(ems) / len(ems), 4)
+        for q, em in zip(qs, ems):
+            by_hops[q.hops].append(em)
     for h in HOPS:
         out[f"hop{h}"] = round(sum(by_hops[h]) / len(by_hops[h]), 4) if by_hops[h] else None
     ems = [out[f"hop{h}"] for h in MACRO_HOPS]
@@ -183,66 +182,38 @@ def fmt_interval(m, lo, hi):
 
 
 # ----------------------------------------------------------------------------- runs
-def em_key(cfg, worlds, validation=False, dtype=torch.float32):
-    """The key of ``heldout-em.json``: what was scored, and in which dtype when not float32
-    (bf16 may round a greedy choice the other way)."""
-    scored = f"{worlds} worlds from {cfg['EVAL_SEED']}" if cfg["DATA"] == "toy" \
-        else f"{cfg['DATA']} {cfg['DATA_DEV']}"
-    return (scored + (" down (validation)" if validation else "")
-            + ("" if dtype == torch.float32 else f" in {str(dtype).removeprefix('torch.')}"))
-
-
-def cached_em(checkpoint, policy, tokenizer, cfg, worlds, validation=False, dtype=torch.float32):
-    """``heldout_by_hops``, kept in the checkpoint's ``heldout-em.json`` under ``em_key``: a
-    checkpoint never changes, so each model is evaluated once (delete the file after changing
-    the evaluation code)."""
-    key, path = em_key(cfg, worlds, validation, dtype), os.path.join(checkpoint, "heldout-em.json")
-    cache = json.load(open(path)) if os.path.exists(path) else {}
-    if key not in cache:
-        cache[key] = heldout_by_hops(policy, tokenizer, cfg, worlds, validation, dtype)
-        with open(path + ".tmp", "w") as f:
-            json.dump(cache, f, indent=1)
-        os.replace(path + ".tmp", path)
-    return cache[key]
-
-
 def group_name(run_dir):
     return re.sub(r"-s\d+$", "", os.path.basename(os.path.normpath(run_dir)))
 
 
-def where_to_evaluate(cfg, device=None, dtype=None):
-    """(device, dtype): the DEVICE and DTYPE the run trained with, unless named, so the final EM
-    is computed as the quick checks during training were."""
-    device = torch.device(device or cfg.get("DEVICE", "cpu"))
+def run_summary(run_dir, args, warmup_em, score=heldout_by_hops):
+    """One run's row: its held-out EM (``score``: heldout_by_hops, or lab/report.py's cache of it)
+    and its warm-up's macro (``warmup_em``, shared: the runs of a seed share a warm-up), on the
+    run's DEVICE and DTYPE unless ``args`` name others, as its quick checks were computed."""
+    policy, tokenizer, cfg, sft_path = runs.load_run(run_dir)
+    device = torch.device(args.device or cfg["DEVICE"])
     if device.type == "cuda" and not torch.cuda.is_available():
         raise SystemExit(f"this run computed on {device}, and torch sees no CUDA device here: "
                          "pass --device cpu (and --dtype float32 for the CPU's fastest path)")
-    return device, getattr(torch, dtype or cfg.get("DTYPE", "float32"))   # train.py refuses fp16
-
-
-def run_summary(run_dir, worlds, warmup_em, validation=False, device=None, dtype=None):
-    """One row per run: its held-out EM and its warm-up's macro. ``warmup_em`` maps warm-up
-    paths to their macro, shared by all runs: the runs of one seed share a warm-up."""
-    policy, tokenizer, cfg, sft_path, checkpoint = runs.load_run(run_dir, with_path=True)
-    device, dtype = where_to_evaluate(cfg, device, dtype)
-    em = cached_em(checkpoint, policy.to(device), tokenizer, cfg, worlds, validation, dtype)
+    dtype = getattr(torch, args.dtype or cfg["DTYPE"])   # train.py refuses float16
+    em = score(policy.to(device), tokenizer, cfg, args.worlds, args.validation, dtype)
     if sft_path and os.path.isdir(sft_path) and sft_path not in warmup_em:
         warmed = model.load_model(sft_path, local_files_only=True)[0].eval().to(device)
-        warmup_em[sft_path] = cached_em(sft_path, warmed, tokenizer, cfg, worlds,
-                                        validation, dtype).get("macro")
+        warmup_em[sft_path] = score(warmed, tokenizer, cfg, args.worlds, args.validation,
+                                    dtype).get("macro")
     return {"run": run_dir, "group": group_name(run_dir), "seed": cfg["SEED"],
             "method": cfg["METHOD"], "rl_steps": cfg["RL_STEPS"],
             "warmup_macro": warmup_em.get(sft_path), **em}
 
 
-def evaluate_runs(args):
-    """run_summary of every run of ``args`` (main's flags), warm-ups evaluated once."""
+def evaluate_runs(args, score=heldout_by_hops):
+    """run_summary of every run of ``args`` (main's flags), each warm-up evaluated once."""
     if missing := [run for run in args.runs if not os.path.isdir(run)]:
         raise SystemExit(f"no such run directory: {', '.join(missing)}")
     if args.worlds < 1:
         raise SystemExit(f"--worlds must be >= 1, got {args.worlds}")
     warmup_em = {}
-    return [run_summary(run, args.worlds, warmup_em, args.validation, args.device, args.dtype)
+    return [run_summary(run, args, warmup_em, score)
             for run in tqdm(args.runs, desc="evaluate", dynamic_ncols=True)]
 
 

@@ -1,12 +1,11 @@
 """Run plumbing, so that train.py can be the loop: the config (``--NAME=value`` overrides and
-preset files, checked against a schema the caller hands in), the device, seeds, the run
-directory, checkpoints written atomically, rotated and read back, resume checks, and the
-metrics log; and ``lab``, the one way the core reaches into the lab folder. Used by train.py,
-warmup.py, evaluate.py and the lab.
+preset files, checked against the caller's schema), processes, device and seeds, checkpoints
+(written atomically, the last two kept, read back with a fallback), resume checks, the metrics
+log, and ``lab``, the one way the core reaches the lab folder.
 
-A checkpoint is a plain Hugging Face directory (model and tokenizer) with ``state.pt`` beside
-them (optimizer, step, config, RNG states); a run directory holds ``ckpt-NNNNNN`` checkpoints
-(the last two), ``metrics.jsonl`` (one JSON row per step or evaluation) and ``config.json``.
+A checkpoint is a Hugging Face directory (model, tokenizer) with ``state.pt`` beside them
+(optimizer, step, config, RNG states); a run directory holds its last two ``ckpt-NNNNNN``,
+``metrics.jsonl`` (a JSON row per step or evaluation) and ``config.json``.
 """
 import ast
 import hashlib
@@ -44,19 +43,18 @@ def fraction():
 @dataclass
 class Schema:
     """What a config may hold beyond the defaults' types: ``choices`` (allowed values), ``limits``
-    (name -> (test, what is allowed), checked after auto values are resolved), ``auto`` (name ->
-    (embedded model's value, HF model's value), used where the value is "auto") and ``checks``."""
+    (name -> (test, what is allowed), checked once "auto" is resolved), ``auto`` (name ->
+    (embedded model's value, HF model's value)) and ``checks`` (functions of the whole config
+    that stop on settings that do not go together)."""
     choices: dict = field(default_factory=dict)
     limits: dict = field(default_factory=dict)
     auto: dict = field(default_factory=dict)
-    # functions of the whole config that stop on settings that do not go together
     checks: tuple = ()
 
 
 def check_setting(name, value, text, defaults, schema, where=""):
-    """``value`` for setting ``name`` if its type is the default's (an int is fine for a float);
-    otherwise stop with a message naming the setting, what was given and what is allowed.
-    ``text`` is the value as written; ``where`` names the config file and line it came from."""
+    """``value`` if its type is the default's (an int is fine for a float); otherwise stop with a
+    message naming the setting, ``text`` (as written, at ``where``) and what is allowed."""
     if name not in defaults:
         raise SystemExit(f"{where}unknown setting {name!r}; allowed: {', '.join(sorted(defaults))}")
     default = defaults[name]
@@ -78,8 +76,8 @@ def check_setting(name, value, text, defaults, schema, where=""):
 
 
 def read_config_file(path, defaults, schema):
-    """The settings of a preset file: ``NAME = literal`` lines (and a docstring), parsed with
-    ast and never executed, so a config file cannot run code; each checked by check_setting."""
+    """A preset file's ``NAME = literal`` lines, parsed with ast and never executed, so that a
+    config file cannot run code."""
     if not os.path.isfile(path):
         raise SystemExit(f"no config file {path!r}; the presets are config/*.py")
     source = open(path).read()
@@ -107,10 +105,8 @@ def read_config_file(path, defaults, schema):
 
 
 def parse_overrides(argv, defaults, schema):
-    """Config files (``config/NAME.py``) and ``--NAME=value`` overrides, applied in order (a
-    later one wins) and type-checked against the defaults; also ``--resume`` and ``--overwrite``.
-    Then ``resolve_auto`` and every limit, all before any work starts.
-    Returns (config, resume, overwrite)."""
+    """(config, resume, overwrite): config files and ``--NAME=value`` overrides in order (a later
+    one wins), "auto" resolved, every setting checked before any work starts."""
     config, flags = dict(defaults), set()
     for arg in argv:
         if arg in ("--resume", "--overwrite"):
@@ -138,9 +134,8 @@ def parse_overrides(argv, defaults, schema):
         if not test(config[name]):
             raise SystemExit(f"{name}={config[name]!r}: allowed values are {allowed}"
                              + (" (or auto)" if name in schema.auto else ""))
-    embedded = config["MODEL"] in model.SIZES
     path = config["MODEL"]
-    if (not embedded and os.path.isdir(path)
+    if (path not in model.SIZES and os.path.isdir(path)
             and not os.path.exists(os.path.join(path, "config.json"))):
         raise SystemExit(f"MODEL={path!r}: this directory has no config.json, so it is not a "
                          "Hugging Face model directory; the embedded models are "
@@ -151,9 +146,8 @@ def parse_overrides(argv, defaults, schema):
 
 
 def resolve_auto(config, schema):
-    """Every "auto" setting made concrete, here and nowhere else: the learning rates and warm-up
-    settings for the model (``schema.auto``: the embedded model's value or an HF model's), the
-    device (CUDA if there is one) and the compute dtype (bf16 on a CUDA device that has it)."""
+    """Every "auto" setting made concrete, here and nowhere else: ``schema.auto``'s for the model,
+    the device (CUDA if there is one) and the dtype (bf16 on a CUDA device that has it)."""
     embedded = config["MODEL"] in model.SIZES
     for name, (for_embedded, for_hf) in schema.auto.items():
         if config[name] == "auto":
@@ -166,8 +160,8 @@ def resolve_auto(config, schema):
 
 
 def lab(module, feature):
-    """``lab.<module>``, imported where ``feature`` switches it on: the one way the core reaches
-    the lab. Without the lab folder, one line saying what the feature needs."""
+    """``lab.<module>``, imported where ``feature`` switches it on; without the lab folder, one
+    line saying what the feature needs."""
     try:
         return importlib.import_module(f"lab.{module}")
     except ModuleNotFoundError as e:
@@ -179,8 +173,8 @@ def lab(module, feature):
 
 # ------------------------------------------------------------------------- processes, device, seeds
 def setup(cfg):
-    """Processes, device and threads: (rank, world_size, device, dtype). Under torchrun each
-    process is a rank of a data-parallel group (NCCL on CUDA, gloo on the CPU)."""
+    """(rank, world_size, device, dtype). Under torchrun each process is a rank of a
+    data-parallel group (NCCL on CUDA, gloo on the CPU)."""
     if "RANK" in os.environ and "WORLD_SIZE" in os.environ:
         dist.init_process_group("nccl" if cfg["DEVICE"].startswith("cuda") else "gloo")
     rank, world_size = rank_and_size()
@@ -210,8 +204,7 @@ def average_over_ranks(metrics, keys, device):
 
 
 def pick_device(cfg):
-    """(device, compute dtype) from DEVICE and DTYPE (resolved: resolve_auto); under torchrun
-    each rank takes its GPU."""
+    """(device, compute dtype) from DEVICE and DTYPE; under torchrun each rank takes its GPU."""
     device = cfg["DEVICE"]
     if device.startswith("cuda") and dist.is_initialized():
         device = f"cuda:{int(os.environ.get('LOCAL_RANK', 0))}"
@@ -219,8 +212,8 @@ def pick_device(cfg):
 
 
 def all_reduce_gradients(policy):
-    """Average the gradients over the ranks of a data-parallel run (what DDP does, in the open):
-    every rank then takes the same optimizer step and the weights stay identical."""
+    """Average the gradients over the ranks (what DDP does, in the open): every rank then takes
+    the same optimizer step and the weights stay identical."""
     world_size = dist.get_world_size()
     for p in policy.parameters():
         if p.grad is not None:
@@ -239,8 +232,7 @@ def seed_everything(*parts):
 
 
 def rng_states():
-    """Every RNG the run touches, for a complete checkpoint (resuming reseeds from SEED and
-    step)."""
+    """Every RNG the run touches, for a complete checkpoint."""
     states = {"python": random.getstate(), "numpy": np.random.get_state(),
               "torch": torch.get_rng_state()}
     if torch.cuda.is_available():
@@ -259,11 +251,10 @@ def set_rng_states(states):
 # ----------------------------------------------------------------------------- checkpoints
 def atomic_save(path, policy, tokenizer, state):
     """Write a checkpoint directory under a temporary name, then rename it into place."""
-    tmp = path + ".tmp"
+    tmp, old = path + ".tmp", path + ".old"
     shutil.rmtree(tmp, ignore_errors=True)
     model.save_checkpoint_dir(policy, tokenizer, tmp)
     torch.save(state, os.path.join(tmp, "state.pt"))
-    old = path + ".old"
     if os.path.exists(path):
         os.replace(path, old)
     os.replace(tmp, path)
@@ -276,32 +267,26 @@ def load_weights(policy, path):
 
 
 def checkpoints(out_dir):
-    """A run's ``ckpt-NNNNNN`` directories, oldest first. The ``.tmp`` and ``.old`` leftovers of
+    """A run's ``ckpt-NNNNNN`` directories, oldest first; the ``.tmp`` and ``.old`` leftovers of
     an interrupted save are not checkpoints."""
     names = ([n for n in os.listdir(out_dir) if re.fullmatch(r"ckpt-\d+", n)]
              if os.path.isdir(out_dir) else [])
     return [os.path.join(out_dir, n) for n in sorted(names, key=lambda n: int(n[5:]))]
 
 
-def prune_checkpoints(out_dir, keep=2):
-    """Keep the newest ``keep`` checkpoints (an older one to fall back on if the newest is
-    damaged); delete older ones and the leftovers (.tmp, .old) of interrupted saves."""
-    kept = checkpoints(out_dir)[-keep:]
+def save_checkpoint(out_dir, step, policy, tokenizer, state):
+    """``ckpt-<step>`` with ``state`` and the RNG states. The newest two are kept (an older one to
+    fall back on if the newest is damaged); older ones and interrupted saves' leftovers go."""
+    atomic_save(os.path.join(out_dir, f"ckpt-{step:06d}"), policy, tokenizer,
+                dict(state, step=step, rng=rng_states()))
+    kept = checkpoints(out_dir)[-2:]
     for name in os.listdir(out_dir):
         if name.startswith("ckpt-") and os.path.join(out_dir, name) not in kept:
             shutil.rmtree(os.path.join(out_dir, name), ignore_errors=True)
 
 
-def save_checkpoint(out_dir, step, policy, tokenizer, state):
-    """``ckpt-<step>`` in ``out_dir`` with ``state`` and the RNG states; the last two are kept."""
-    atomic_save(os.path.join(out_dir, f"ckpt-{step:06d}"), policy, tokenizer,
-                dict(state, step=step, rng=rng_states()))
-    prune_checkpoints(out_dir)
-
-
 def restore(resumed, policy, optimizer, rank):
-    """Put a checkpoint's weights, optimizer and RNG states in place: (start step, bad steps).
-    ``resumed`` is what load_checkpoint returned."""
+    """Put load_checkpoint's weights, optimizer and RNG states in place: (start step, bad steps)."""
     ckpt, ckpt_policy, _, state = resumed
     policy.load_state_dict(ckpt_policy.state_dict())
     optimizer.load_state_dict(state["optimizer"])
@@ -312,10 +297,8 @@ def restore(resumed, policy, optimizer, rank):
 
 
 def load_checkpoint(out_dir):
-    """(path, model, tokenizer, training state) of the newest readable checkpoint, or None.
-
-    One whose weights, tokenizer or state.pt are missing or damaged is named and the one before it
-    is tried (two are kept)."""
+    """(path, model, tokenizer, training state) of the newest readable checkpoint, or None; one
+    whose weights, tokenizer or state.pt are missing or damaged is named, the one before read."""
     for path in reversed(checkpoints(out_dir)):
         try:
             policy, tok = model.load_model(path, local_files_only=True)
@@ -334,21 +317,17 @@ def load_checkpoint(out_dir):
     return None
 
 
-def load_run(run_dir, with_path=False):
+def load_run(run_dir):
     """(model, tokenizer, config, warm-up checkpoint path) of a run's newest readable checkpoint,
-    or of a checkpoint directory itself (a ``ckpt-*`` or a warm-up ``sft-*``); ``with_path``
-    appends the path of the checkpoint read."""
-    path = run_dir
+    or of a checkpoint directory itself (a ``ckpt-*`` or a warm-up's ``sft-*``)."""
     if os.path.exists(os.path.join(run_dir, "state.pt")):
         policy, tok = model.load_model(run_dir, local_files_only=True)
         state = torch.load(os.path.join(run_dir, "state.pt"), weights_only=False)
+    elif found := load_checkpoint(run_dir):
+        _, policy, tok, state = found
     else:
-        found = load_checkpoint(run_dir)
-        if found is None:
-            raise SystemExit(f"{run_dir}: no readable checkpoint (ckpt-*) found; has it trained?")
-        path, policy, tok, state = found
-    out = policy.eval(), tok, state["config"], state.get("sft_path")
-    return out + (path,) if with_path else out
+        raise SystemExit(f"{run_dir}: no readable checkpoint (ckpt-*) found; has it trained?")
+    return policy.eval(), tok, state["config"], state.get("sft_path")
 
 
 # ----------------------------------------------------------------------------- the run directory
@@ -362,18 +341,25 @@ def stop_on_sigterm(signum, frame):
     raise Terminated
 
 
-
 def open_run(cfg, resume, overwrite, run_keys, defaults, rank):
-    """Make OUT_DIR ready: stop before a fresh run writes over another, or, with --resume, read its
-    newest checkpoint and stop if it is another run (a setting its config lacks, from before the
-    setting existed, reads as its default). Returns what load_checkpoint returned (None: a fresh
-    run, or none readable)."""
+    """Make OUT_DIR ready: stop before a fresh run writes over another; with --resume, read its
+    newest checkpoint (load_checkpoint's, or None) and stop if it is another run. A setting
+    missing from its config, saved before the setting existed, reads as the default."""
     out = cfg["OUT_DIR"]
     check_out_dir(out, resume, overwrite, rank)
     resumed = load_checkpoint(out) if resume else None
     if resumed:
         saved = {**defaults, **resumed[3]["config"]}
-        check_resume_config(saved, cfg, resumed[0], run_keys, rank)
+        # a moved run directory is the same run
+        diff = {k: f"{k}={cfg[k]!r} (checkpoint: {saved.get(k)!r})" for k in cfg
+                if k != "OUT_DIR" and saved.get(k) != cfg[k]}
+        if defining := [v for k, v in diff.items() if k in run_keys]:
+            raise SystemExit(f"--resume: {resumed[0]} is another run: {', '.join(defining)}. "
+                             "Resume with the checkpoint's values, or start a new run in another "
+                             "OUT_DIR.")
+        if diff and rank == 0:
+            print(f"--resume: continuing {resumed[0]} with changed settings: "
+                  f"{', '.join(diff.values())}")
         # SIZES may change with the code
         c, want = resumed[1].config, model.SIZES.get(cfg["MODEL"])
         if want and want != (c.hidden_size, c.num_hidden_layers, c.num_attention_heads,
@@ -408,25 +394,10 @@ def check_out_dir(out, resume, overwrite, rank):
             os.remove(os.path.join(out, "metrics.jsonl"))
 
 
-def check_resume_config(saved, cfg, ckpt, run_keys, rank):
-    """Stop when a setting in ``run_keys`` differs from the checkpoint's; note the others that
-    do."""
-    diff = {k: f"{k}={cfg[k]!r} (checkpoint: {saved.get(k)!r})" for k in cfg
-            if k != "OUT_DIR" and saved.get(k) != cfg[k]}   # a moved run directory is the same run
-    defining = [v for k, v in diff.items() if k in run_keys]
-    if defining:
-        raise SystemExit(f"--resume: {ckpt} is another run: {', '.join(defining)}. Resume with the "
-                         "checkpoint's values, or start a new run in another OUT_DIR.")
-    if diff and rank == 0:
-        print(f"--resume: continuing {ckpt} with changed settings: {', '.join(diff.values())}")
-
-
 # ----------------------------------------------------------------------------- the metrics log
 def read_metrics(run_dir):
     """The rows of a run's metrics.jsonl. A line that is not a JSON row with a step (the torn
-    last line of a run killed mid-write) is dropped with a one-line warning; the rest are kept.
-    A step lower than the row before it marks a log that an attempt started again after an
-    earlier one's rows (older code did): only the last attempt's rows are kept."""
+    last line of a run killed mid-write) is dropped with a one-line warning."""
     path = os.path.join(run_dir, "metrics.jsonl")
     if not os.path.exists(path):
         return []
@@ -444,27 +415,13 @@ def read_metrics(run_dir):
     if bad:
         print(f"warning: {path}: dropped {len(bad)} unreadable line(s), the first is line {bad[0]} "
               "(a write cut short leaves one)", file=sys.stderr)
-    return last_attempt(rows, path)
-
-
-def last_attempt(rows, where):
-    """The rows of a run's log from its last start on: a step lower than the row before it marks
-    an attempt logged after an earlier one's rows (older code did; lab/packs.py's packs keep
-    such a log whole). ``where`` names the log in the warning."""
-    restarts = [i for i in range(1, len(rows)) if rows[i]["step"] < rows[i - 1]["step"]]
-    if restarts:
-        print(f"warning: {where}: the run restarted from the warm-up; the {restarts[-1]} rows "
-              "before its last start are not read", file=sys.stderr)
-        rows = rows[restarts[-1]:]
     return rows
 
 
 def start_metrics(run_dir, resume, start, cfg):
-    """Write the run's config.json and begin its metrics.jsonl. A fresh run starts it empty;
-    --resume from step ``start`` keeps exactly the rows the resumed loop will not log again: the
-    steps before ``start`` and the quick check at ``start`` (logged again only when ``start`` is
-    0, a resume with no checkpoint). Rewritten under another name, then renamed, so that no
-    kill can leave it half-written."""
+    """Write config.json and begin metrics.jsonl: empty, or on --resume from ``start`` the rows the
+    resumed loop will not log again (the steps before ``start``; its quick check unless it is 0),
+    written under another name, then renamed, so that no kill leaves it half-written."""
     with open(os.path.join(run_dir, "config.json"), "w") as f:
         json.dump(cfg, f, indent=1)
     path = os.path.join(run_dir, "metrics.jsonl")

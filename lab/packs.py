@@ -6,7 +6,7 @@ gzip'd JSON-lines file, one object per run, sorted by name, that the standard li
 
 A run's object holds its directory's files, parsed: "name" (the directory's, e.g. "grpo-s6"),
 "config" (config.json), "metrics" (every row of metrics.jsonl in the file's order; a log written
-across a restart whole, as the run left it: ``metrics`` reads what runs.read_metrics reads),
+across a restart whole, as the run left it: ``metrics`` reads its last attempt),
 "heldout_em" (heldout-em.json) and "validation" (validation.json), the last two where the run
 has them. A file of the folder that is no run's (v3's protocol.log) is an object with "name"
 and "text". Each file is written back exactly as the code that wrote it did (config and EM with
@@ -20,9 +20,6 @@ import gzip
 import json
 import os
 import sys
-
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-import runs  # noqa: E402
 
 # a run directory's file -> its key in the run's object; metrics.jsonl is a row per line
 FILES = {"config.json": "config", "metrics.jsonl": "metrics", "heldout-em.json": "heldout_em",
@@ -94,9 +91,16 @@ def run_records(path):
 
 
 def metrics(run, path=""):
-    """The run's metrics rows as runs.read_metrics reads them from its directory: a log written
-    across a restart is read as its last attempt. ``path`` (the pack) names it in the warning."""
-    return runs.last_attempt(run["metrics"], f"{path}: {run['name']}/metrics.jsonl")
+    """The run's metrics rows from its last start on: a step lower than the row before it marks
+    an attempt logged after an earlier one's rows (code before the clean restart did; the pack
+    keeps such a log whole). ``path`` (the pack) names the log in the warning."""
+    rows = run["metrics"]
+    restarts = [i for i in range(1, len(rows)) if rows[i]["step"] < rows[i - 1]["step"]]
+    if restarts:
+        print(f"warning: {path}: {run['name']}/metrics.jsonl: the run restarted from the warm-up; "
+              f"the {restarts[-1]} rows before its last start are not read", file=sys.stderr)
+        rows = rows[restarts[-1]:]
+    return rows
 
 
 def pack(folder, path):

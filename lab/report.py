@@ -16,7 +16,7 @@ report card and gap view (lab/credit.py); and the power line (``seeds_for``).
 The tables: each run's EM per number of hops with its 95% interval; each method (runs named
 ``...-s<seed>``) as mean ± std over seeds; each method paired by seed against the baseline (the
 GRPO runs, or ``--baseline``); and the summary, measures down and methods across. Held-out EM is
-evaluate.py's, cached in each checkpoint, so a run evaluated there costs nothing here. Beside EM
+evaluate.py's, cached in each checkpoint's heldout-em.json, so a model is evaluated once. Beside EM
 a row carries, over the last fifth of training (metrics.jsonl), the fraction of action tokens
 EviSD modulated, the mean action-token gap where A > 0 and where A < 0, and the run's wall time.
 """
@@ -46,6 +46,35 @@ def seeds_for(sd, half_width):
     while evaluate.t_975(n - 1) * sd / math.sqrt(n) > half_width:
         n += 1
     return n
+
+
+def em_key(cfg, worlds, validation=False, dtype=torch.float32):
+    """The key of ``heldout-em.json``: what was scored, and in which dtype when not float32
+    (bf16 may round a greedy choice the other way)."""
+    scored = f"{worlds} worlds from {cfg['EVAL_SEED']}" if cfg["DATA"] == "toy" \
+        else f"{cfg['DATA']} {cfg['DATA_DEV']}"
+    return (scored + (" down (validation)" if validation else "")
+            + ("" if dtype == torch.float32 else f" in {str(dtype).removeprefix('torch.')}"))
+
+
+def cached_em(checkpoint, policy, tokenizer, cfg, worlds, validation=False, dtype=torch.float32):
+    """``evaluate.heldout_by_hops``, kept in the checkpoint's ``heldout-em.json`` under ``em_key``:
+    a checkpoint never changes, so each model is evaluated once, however many protocols read it
+    (delete the file after changing the evaluation code)."""
+    key, path = em_key(cfg, worlds, validation, dtype), os.path.join(checkpoint, "heldout-em.json")
+    cache = json.load(open(path)) if os.path.exists(path) else {}
+    if key not in cache:
+        cache[key] = evaluate.heldout_by_hops(policy, tokenizer, cfg, worlds, validation, dtype)
+        with open(path + ".tmp", "w") as f:
+            json.dump(cache, f, indent=1)
+        os.replace(path + ".tmp", path)
+    return cache[key]
+
+
+def cached_by_hops(policy, *args):
+    """``cached_em`` in evaluate.run_summary's place of heldout_by_hops: the checkpoint is the
+    directory the model was read from, which HF keeps as its ``name_or_path``."""
+    return cached_em(policy.name_or_path, policy, *args)
 
 
 def lab_row(row, speed=False):
@@ -167,7 +196,7 @@ def main(argv):
     # The report card and the gap view sample episodes of their own: no held-out EM.
     if args.credit or args.show:
         return credit.main(args)
-    rows = [lab_row(row, args.speed) for row in evaluate.evaluate_runs(args)]
+    rows = [lab_row(row, args.speed) for row in evaluate.evaluate_runs(args, cached_by_hops)]
     keys = evaluate.PAIRED_KEYS + (curves.SPEED_KEYS if args.speed else ())
     paired = evaluate.paired_differences(rows, args.baseline, keys)
     print(runs_table(rows), results_table(rows), paired_table(paired),

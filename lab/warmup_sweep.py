@@ -27,11 +27,11 @@ sys.path.insert(0, ROOT)
 
 import torch  # noqa: E402
 
-import evaluate  # noqa: E402
 import model  # noqa: E402
 import runs  # noqa: E402
 import train  # noqa: E402
 import warmup  # noqa: E402
+from lab import report  # noqa: E402
 
 PREV_TOKEN_HEAD = model.prev_token_head   # before --init offsetK replaces it for one probe
 
@@ -131,7 +131,7 @@ def main(argv):
         path = warmup.run(cfg, lm, tok, rank=0)
         state = torch.load(os.path.join(path, "state.pt"), weights_only=False)
         losses = state.get("losses", [])
-        em = evaluate.cached_em(path, lm.eval(), tok, cfg, args.worlds, validation=True)
+        em = report.cached_em(path, lm.eval(), tok, cfg, args.worlds, validation=True)
         row = {"recipe": args.name, "seed": seed, "overrides": overrides, "shape": args.shape,
                "init": args.init, "arch": args.arch,
                "params": sum(p.numel() for p in lm.parameters()),

@@ -142,17 +142,6 @@ def test_resume_without_a_readable_checkpoint_starts_a_clean_log(run_copy, capsy
     assert len(before) > 1
 
 
-def test_a_log_written_across_a_restart_reads_as_its_last_attempt(tmp_path, capsys):
-    # What code before the clean restart left (benchmark v5's grpo-s6): an attempt's rows, then
-    # the restarted run's from step 0.
-    logged = [{"step": 0, "eval": True}, {"step": 0}, {"step": 1}, {"step": 2},
-              {"step": 0, "eval": True}, {"step": 0}, {"step": 1}]
-    with open(tmp_path / "metrics.jsonl", "w") as f:
-        f.writelines(json.dumps(r) + "\n" for r in logged)
-    assert runs.read_metrics(tmp_path) == logged[4:]
-    assert "restarted from the warm-up; the 4 rows" in capsys.readouterr().err
-
-
 def test_resume_with_other_settings_names_them(run_copy, capsys):
     out, args = run_copy
     with pytest.raises(SystemExit) as stop:

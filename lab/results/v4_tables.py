@@ -16,7 +16,7 @@ import statistics
 import sys
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
-from lab import curves  # noqa: E402
+from lab import curves, report  # noqa: E402
 from lab import packs  # noqa: E402
 import evaluate   # noqa: E402
 
@@ -31,7 +31,7 @@ def rows(path):
         if run["name"].startswith("probe-"):
             continue
         cfg = run["config"]
-        em = run.get("heldout_em", {}).get(evaluate.em_key(cfg, WORLDS))
+        em = run.get("heldout_em", {}).get(report.em_key(cfg, WORLDS))
         if em is None:
             continue
         metrics = packs.metrics(run, path)

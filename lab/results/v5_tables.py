@@ -41,7 +41,7 @@ def rows(path):
     out = []
     for run in packs.run_records(path):
         cfg = run["config"]
-        em = run.get("heldout_em", {}).get(evaluate.em_key(cfg, WORLDS))
+        em = run.get("heldout_em", {}).get(report.em_key(cfg, WORLDS))
         if em is None:
             continue
         metrics = packs.metrics(run, path)

@@ -9,9 +9,8 @@ import statistics
 
 import pytest
 
-import evaluate
 import runs
-from lab import packs
+from lab import packs, report
 
 RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "results")
 
@@ -30,8 +29,8 @@ def stdlib_read(path):
 def test_each_pack_holds_every_run_its_report_evaluated(version):
     # results-vN.json is the protocol's report step (evaluate.py --json over out/vN): its runs
     # and the pack's must be the same ones, each record named for its config's method and seed.
-    report = json.load(open(os.path.join(RESULTS, f"results-{version}.json")))
-    evaluated = [os.path.basename(r["run"]) for r in report["runs"]]
+    results = json.load(open(os.path.join(RESULTS, f"results-{version}.json")))
+    evaluated = [os.path.basename(r["run"]) for r in results["runs"]]
     objects = stdlib_read(pack_of(version))
     records = {n: o for n, o in objects.items() if "config" in o}
     probes = sorted(n for n in records if n.startswith("probe-"))
@@ -54,18 +53,27 @@ def test_each_pack_holds_every_run_its_report_evaluated(version):
 
 
 def test_a_pack_gives_back_the_run_directories(tmp_path):
-    # Unpacked, each run's metrics read from its directory are what the pack's readers read
-    # (benchmark v5's grpo-s6, logged across a restart, as its last attempt), and packing the
-    # directories again gives the committed bytes.
+    # Unpacked, each run's metrics read from its directory are the pack's rows (benchmark v5's
+    # grpo-s6, logged across a restart, whole), and packing the directories again gives the
+    # committed bytes.
     path = pack_of("v5")
     packs.unpack(path, tmp_path / "v5-runs")
-    records = packs.run_records(path)
-    for run in records:
-        assert runs.read_metrics(tmp_path / "v5-runs" / run["name"]) == packs.metrics(run, path)
-    doubled = next(r for r in records if r["name"] == "grpo-s6")
-    assert len(packs.metrics(doubled, path)) < len(doubled["metrics"])
+    for run in packs.run_records(path):
+        assert runs.read_metrics(tmp_path / "v5-runs" / run["name"]) == run["metrics"]
     packs.pack(tmp_path / "v5-runs", tmp_path / "again.jsonl.gz")
     assert (tmp_path / "again.jsonl.gz").read_bytes() == open(path, "rb").read()
+
+
+def test_a_log_written_across_a_restart_reads_as_its_last_attempt(capsys):
+    # What code before the clean restart left (benchmark v5's grpo-s6): an attempt's rows, then
+    # the restarted run's from step 0.
+    logged = [{"step": 0, "eval": True}, {"step": 0}, {"step": 1}, {"step": 2},
+              {"step": 0, "eval": True}, {"step": 0}, {"step": 1}]
+    assert packs.metrics({"name": "grpo-s6", "metrics": logged}, "v5.jsonl.gz") == logged[4:]
+    assert ("v5.jsonl.gz: grpo-s6/metrics.jsonl: the run restarted from the warm-up; the 4 rows"
+            in capsys.readouterr().err)
+    doubled = next(r for r in packs.run_records(pack_of("v5")) if r["name"] == "grpo-s6")
+    assert len(packs.metrics(doubled)) < len(doubled["metrics"])
 
 
 def test_v4_table_of_means_rebuilds_from_the_pack():
@@ -80,7 +88,7 @@ def test_v4_table_of_means_rebuilds_from_the_pack():
     assert len(lines) == len({r["config"]["METHOD"] for r in records})
     for line in lines:
         method, seeds, macro = line.split(" | ")[:3]
-        mine = [r["heldout_em"][evaluate.em_key(r["config"], tables.WORLDS)]["macro"]
+        mine = [r["heldout_em"][report.em_key(r["config"], tables.WORLDS)]["macro"]
                 for r in records if r["config"]["METHOD"] == method.strip("| ")]
         assert int(seeds) == len(mine)
         assert macro == f"{statistics.mean(mine):.3f}"

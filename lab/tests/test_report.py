@@ -132,3 +132,17 @@ def test_model_output_that_is_not_unicode_is_invalid_and_printable(run_copy, mon
     printed = capsys.readouterr().out
     assert "\\udcff" in printed and "reward=0" in printed and "reward=1" not in printed
     assert "\\udcff" in open(os.path.join(out, "episodes.html"), encoding="utf-8").read()
+
+
+def test_held_out_em_is_cached_per_checkpoint_and_dtype(run_copy, monkeypatch):
+    # A checkpoint never changes: its EM is kept in its heldout-em.json under a key naming the
+    # dtype too (bf16 may round a greedy choice the other way), and read back, not recomputed.
+    out, _ = run_copy
+    report.main([out, "--worlds", "1"])
+    report.main([out, "--worlds", "1", "--dtype", "bfloat16"])
+    key = report.em_key(runs.load_run(out)[2], 1)
+    cache = os.path.join(runs.load_checkpoint(out)[0], "heldout-em.json")
+    assert set(json.load(open(cache))) == {key, key + " in bfloat16"}
+    monkeypatch.setattr(evaluate, "heldout_by_hops",
+                        lambda *a, **k: pytest.fail("recomputed a cached EM"))
+    report.main([out, "--worlds", "1", "--dtype", "bfloat16"])

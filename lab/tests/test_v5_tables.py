@@ -41,7 +41,7 @@ def packed():
 def macro_of(packed, run):
     """A run's held-out macro EM on the protocol's 18 worlds, read from its record alone."""
     em = packed[run]["heldout_em"]
-    return em[evaluate.em_key(packed[run]["config"], 18)]["macro"]
+    return em[report.em_key(packed[run]["config"], 18)]["macro"]
 
 
 def test_headline_is_the_paired_records(tables, records, packed):
