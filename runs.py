@@ -4,7 +4,7 @@ preset files, checked against the caller's schema), processes, device and seeds,
 log, and ``lab``, the one way the core reaches the lab folder.
 
 A checkpoint is a Hugging Face directory (model, tokenizer) with ``state.pt`` beside them
-(optimizer, step, config, RNG states); a run directory holds its last two ``ckpt-NNNNNN``,
+(optimizer, step, config); a run directory holds its last two ``ckpt-NNNNNN``,
 ``metrics.jsonl`` (a JSON row per step or evaluation) and ``config.json``.
 """
 import ast
@@ -231,23 +231,6 @@ def seed_everything(*parts):
     torch.manual_seed(seed)
 
 
-def rng_states():
-    """Every RNG the run touches, for a complete checkpoint."""
-    states = {"python": random.getstate(), "numpy": np.random.get_state(),
-              "torch": torch.get_rng_state()}
-    if torch.cuda.is_available():
-        states["cuda"] = torch.cuda.get_rng_state_all()
-    return states
-
-
-def set_rng_states(states):
-    random.setstate(states["python"])
-    np.random.set_state(states["numpy"])
-    torch.set_rng_state(states["torch"])
-    if "cuda" in states and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(states["cuda"])
-
-
 # ----------------------------------------------------------------------------- checkpoints
 def atomic_save(path, policy, tokenizer, state):
     """Write a checkpoint directory under a temporary name, then rename it into place."""
@@ -275,10 +258,11 @@ def checkpoints(out_dir):
 
 
 def save_checkpoint(out_dir, step, policy, tokenizer, state):
-    """``ckpt-<step>`` with ``state`` and the RNG states. The newest two are kept (an older one to
-    fall back on if the newest is damaged); older ones and interrupted saves' leftovers go."""
+    """``ckpt-<step>`` with ``state``; no RNG states, as every RL step seeds its own from (SEED,
+    step, rank). The newest two are kept (an older one to fall back on if the newest is damaged);
+    older ones and interrupted saves' leftovers go."""
     atomic_save(os.path.join(out_dir, f"ckpt-{step:06d}"), policy, tokenizer,
-                dict(state, step=step, rng=rng_states()))
+                dict(state, step=step))
     kept = checkpoints(out_dir)[-2:]
     for name in os.listdir(out_dir):
         if name.startswith("ckpt-") and os.path.join(out_dir, name) not in kept:
@@ -286,11 +270,10 @@ def save_checkpoint(out_dir, step, policy, tokenizer, state):
 
 
 def restore(resumed, policy, optimizer, rank):
-    """Put load_checkpoint's weights, optimizer and RNG states in place: (start step, bad steps)."""
+    """Put load_checkpoint's weights and optimizer state in place: (start step, bad steps)."""
     ckpt, ckpt_policy, _, state = resumed
     policy.load_state_dict(ckpt_policy.state_dict())
     optimizer.load_state_dict(state["optimizer"])
-    set_rng_states(state["rng"])
     if rank == 0:
         print(f"resumed from {ckpt} at step {state['step']}")
     return state["step"], state["bad_steps"]
@@ -303,8 +286,7 @@ def load_checkpoint(out_dir):
         try:
             policy, tok = model.load_model(path, local_files_only=True)
             state = torch.load(os.path.join(path, "state.pt"), weights_only=False)
-            missing = [k for k in ("step", "bad_steps", "optimizer", "rng", "config")
-                       if k not in state]
+            missing = [k for k in ("step", "bad_steps", "optimizer", "config") if k not in state]
             if missing:
                 raise KeyError(f"state.pt has no {', '.join(missing)}")
             return path, policy, tok, state

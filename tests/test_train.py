@@ -202,7 +202,7 @@ def test_smoke_run_resume_and_evaluate(tmp_path):
     for f in ("config.json", "model.safetensors", "tokenizer.json", "state.pt"):
         assert f in ckpt, f
     state = torch.load(os.path.join(full, "ckpt-000004", "state.pt"), weights_only=False)
-    assert state["step"] == 4 and {"python", "numpy", "torch"} <= set(state["rng"])
+    assert state["step"] == 4
     assert set(state["optimizer"]) == {"state", "param_groups"}
     assert len([d for d in os.listdir(tmp_path) if d.startswith("sft-")]) == 1
 
