@@ -51,10 +51,8 @@ def check_config(cfg):
 # ----------------------------------------------------------------------------- the formulas
 @torch.no_grad()
 def evisd_correction(adv, gap, gen_mask, mask, lam, tau):
-    """Â [N, T] = A + lam * |A| * m * tanh(tau * gap) on generated tokens, 0 elsewhere.
-
-    adv [N]; gap = logp_teacher - logp_student, gen_mask, mask (m) [N, T]. |Â - A| <= lam * |A|:
-    the sign of A survives for lam < 1, A = 0 gives Â = 0, a large gap saturates."""
+    """Â [N, T] = A + lam * |A| * m * tanh(tau * gap) on generated tokens, 0 elsewhere: the sign
+    of A survives (lam < 1), A = 0 gives Â = 0, a large gap saturates. adv [N], the rest [N, T]."""
     A = adv.detach().float()[:, None].expand_as(gap)                  # [N, T]
     correction = lam * A.abs() * mask.float() * torch.tanh(tau * gap.detach().float())
     return torch.where(gen_mask.bool(), A + correction, torch.zeros_like(A))   # [N, T]
@@ -76,11 +74,9 @@ def gated_distillation_loss(logp, teacher_logp, gen_mask, mask, coef, tau):
 
 # ----------------------------------------------------------------------------- credit
 def credit(policy, tokenizer, world, rollouts, adv, student_logp, cfg):
-    """EviSD's credit for one batch: the teacher's re-scoring, then the correction.
-
-    adv [N]; student_logp [N, T], the policy's detached log-probs. Returns (token_adv [N, T],
-    teacher_logp [N, T], where unscored the student's; extra_loss: None, or for the gated loss
-    ``extra_loss(policy, logp)``, a term train.rl_step adds to the policy loss)."""
+    """The teacher's re-scoring, then the correction: (token_adv [N, T], teacher_logp [N, T], the
+    student's where unscored, extra_loss: None, or the gated loss's term ``extra_loss(policy,
+    logp)``) from adv [N] and the student's detached log-probs student_logp [N, T]."""
     gen_mask = rollouts.gen_mask.to(adv.device)                       # [N, T]
     mask = correction_mask(rollouts, cfg).to(adv.device)              # m [N, T]
     bounded = cfg["EVISD_FORM"] == "bounded"
@@ -121,10 +117,8 @@ def correction_mask(rollouts, cfg):
     """m [N, T] bool: the generated tokens whose credit the gap may change."""
     mask = torch.zeros_like(rollouts.gen_mask, dtype=torch.bool)
     for i, spans in enumerate(rollouts.spans):
-        for turns in scored_turns(spans, cfg):
-            for span in turns:
-                lo, hi = scored_range(span, cfg["EVISD_SPAN"])
-                mask[i, lo:hi] = True
+        for span in sum(scored_turns(spans, cfg), []):   # the searches, then the answers
+            mask[i, slice(*scored_range(span, cfg["EVISD_SPAN"]))] = True
     return mask & rollouts.gen_mask.bool()
 
 
@@ -176,10 +170,9 @@ def insert_blocks(ids, inserts):
 
 
 def teacher_sequence(ids, block, turns, cfg):
-    """One teacher's input for one episode, (ids, score, student_pos), or None if it scores
-    nothing. The block goes before each of ``turns`` (one sequence per kind, not per action:
-    each action still reads it right before it), or before the first (EVIDENCE_AT="first",
-    ours); ``score`` marks the scored tokens; nothing after the last one is kept."""
+    """One teacher's input, (ids, score, student_pos), or None if it scores nothing: the block
+    before each of ``turns`` (EVIDENCE_AT="first", ours: before the first only), ``score`` on
+    the tokens it scores, cut after the last one (nothing later can change a score)."""
     scored = {p for s in turns for p in range(*scored_range(s, cfg["EVISD_SPAN"]))}
     if not scored:
         return None

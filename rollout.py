@@ -48,9 +48,8 @@ def token_at(tokenizer, ids, char):
 
 
 def action_ranges(tokenizer, turn_ids, text, action):
-    """(action, content_start, content_end): the token offsets in a turn of its parsed action,
-    from the characters search_env.parse_action found in ``text``; None for an invalid turn. A
-    token that holds part of a tag counts as the tag's."""
+    """(action, content_start, content_end): the token offsets of a turn's parsed action, from the
+    characters parse_action found in ``text`` (a token holding part of a tag is the tag's)."""
     if action.kind not in KIND_IDS:
         return None
     opening = SEARCH if action.kind == "search" else ANSWER
@@ -67,8 +66,7 @@ class Transcript:
     def __init__(self, prompt_ids):
         self.ids = list(prompt_ids)
         self.prompt_len = len(self.ids)
-        self.gen, self.info, self.kind = ([0] * len(self.ids), [0] * len(self.ids),
-                                          [0] * len(self.ids))
+        self.gen, self.info, self.kind = ([0] * len(self.ids) for _ in range(3))
         self.spans = []
 
     def add_turn(self, turn_ids, kind, turn_index, ranges=None):
@@ -149,19 +147,15 @@ class Rollouts:
 def rollout(policy, tokenizer, envs, max_new_tokens=64, temperature=1.0, greedy=False):
     """Play one episode per env (search_env.episodes), one batched turn at a time: ``generate``
     reads every unfinished transcript and samples until a stop string or eos."""
-    device = next(policy.parameters()).device
-    pad_id = tokenizer.pad_token_id
-    # eos, and any other end-of-text id the model's own generation config lists (Qwen: two)
-    model_eos = getattr(getattr(policy, "generation_config", None), "eos_token_id", None)
-    eos_ids = {tokenizer.eos_token_id, *(model_eos if isinstance(model_eos, list) else [model_eos])}
-    eos_ids.discard(None)
+    device, pad_id = next(policy.parameters()).device, tokenizer.pad_token_id
+    eos = eos_ids(policy, tokenizer)
     # Every sampling knob is pinned: generate fills unset ones from the model's own
     # generation_config (an instruct model ships top_k, top_p, repetition_penalty), and the
     # loss needs the tokens drawn from softmax(logits / temperature) alone.
     sampling = (dict(do_sample=False) if greedy
                 else dict(do_sample=True, temperature=temperature, top_k=0, top_p=1.0))
     gen_config = GenerationConfig(max_new_tokens=max_new_tokens, repetition_penalty=1.0,
-                                  stop_strings=list(STOP_STRINGS), eos_token_id=sorted(eos_ids),
+                                  stop_strings=list(STOP_STRINGS), eos_token_id=sorted(eos),
                                   pad_token_id=pad_id, **sampling)
     transcripts = [Transcript(tokenizer.encode(render_prompt(tokenizer, env.question),
                                                add_special_tokens=False)) for env in envs]
@@ -178,15 +172,14 @@ def rollout(policy, tokenizer, envs, max_new_tokens=64, temperature=1.0, greedy=
         out = policy.generate(input_ids=ids.to(device), attention_mask=mask.to(device),
                               tokenizer=tokenizer, generation_config=gen_config).cpu()
         for i, new in zip(rows, out[:, ids.shape[1]:].tolist()):
-            tokens, text = cut_turn(tokenizer, new, eos_ids, pad_id)
+            tokens, text = cut_turn(tokenizer, new, eos, pad_id)
             result = envs[i].step(text)
             turn_texts[i].append(text)
             # The env parsed the action: its tags' offsets become token ranges, once, here.
             transcripts[i].add_turn(tokens, result.action.kind, turn,
                                     action_ranges(tokenizer, tokens, text, result.action))
-            if result.observation:
-                transcripts[i].add_observation(
-                    tokenizer.encode(result.observation, add_special_tokens=False))
+            transcripts[i].add_observation(
+                tokenizer.encode(result.observation, add_special_tokens=False))
     policy.train(was_training)
     return Rollouts(**collate(transcripts, pad_id), rewards=torch.tensor([e.reward for e in envs]),
                     answers=[e.answer for e in envs], turns=torch.tensor([e.turns for e in envs]),
@@ -194,10 +187,16 @@ def rollout(policy, tokenizer, envs, max_new_tokens=64, temperature=1.0, greedy=
                     em=torch.tensor([e.em for e in envs]))
 
 
+def eos_ids(policy, tokenizer):
+    """The ids that end a turn: eos, and any other end-of-text id the model's own generation
+    config lists (Qwen's lists two)."""
+    listed = getattr(getattr(policy, "generation_config", None), "eos_token_id", None)
+    return {tokenizer.eos_token_id, *(listed if isinstance(listed, list) else [listed])} - {None}
+
+
 def cut_turn(tokenizer, tokens, eos_ids, pad_id):
-    """One generated turn as (token ids, text): what precedes the first eos, cut after the token
-    completing the first stop string. The text, what the env reads, ends at the stop string,
-    even when that token holds a character after it."""
+    """(token ids, text) of a generated turn: what precedes the first eos, cut after the token
+    completing the first stop string; the text, what the env reads, ends at the stop string."""
     eos = next((j for j, t in enumerate(tokens) if t in eos_ids), None)
     if eos is not None:
         tokens = tokens[:eos]

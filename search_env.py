@@ -110,8 +110,7 @@ class World:
         return [self.docs[i] for i, _ in self.bm25.search(query, k)]
 
     def retriever(self, question):
-        """What serves a question's searches: here the whole corpus. lab/real_data.py's worlds
-        give a HotpotQA question its own paragraphs, or send every search to a retrieval server."""
+        """What serves a question's searches: here the whole corpus (the lab's worlds differ)."""
         return self
 
     def evidence_docs(self, question):
@@ -152,8 +151,8 @@ class BM25:
         return scores
 
     def search(self, query, k=3):
-        """(doc index, score) pairs of the top-k documents with a positive score, best first;
-        ties go to the lower index (sorted() keeps the order of equal keys)."""
+        """(doc index, score) of the top k with a positive score, best first, ties to the lower
+        index (sorted() keeps the order of equal keys)."""
         s = self.scores(query)
         best = sorted((i for i in range(len(s)) if s[i] > 0), key=lambda i: -s[i])
         return [(i, s[i]) for i in best[:k]]
@@ -258,15 +257,12 @@ class SearchEnv:
         if self.turns >= self.max_turns:
             self.done = True
             return StepResult("", True, 0.0, action)
-        if action.kind == "search":
-            obs = format_information(self.retriever.search(action.content, self.top_k))
-        else:
-            obs = INVALID_OBSERVATION
+        obs = (format_information(self.retriever.search(action.content, self.top_k))
+               if action.kind == "search" else INVALID_OBSERVATION)
         return StepResult(obs, False, 0.0, action)
 
 
 def episodes(world, questions, group_size=1, max_turns=4, top_k=3):
-    """One SearchEnv per episode: each question ``group_size`` times in a row, searching the
-    retriever its world gives it. rollout.rollout plays them as one batch."""
+    """One SearchEnv per episode: each question ``group_size`` times in a row."""
     return [SearchEnv(world.retriever(q), q, max_turns, top_k)
             for q in questions for _ in range(group_size)]

@@ -38,14 +38,6 @@ def decoder(name):
     return play
 
 
-def eos_ids(policy, tokenizer):
-    """The ids that end a turn unkept: the tokenizer's eos and any other end-of-text id the
-    model's generation config lists (Qwen: two), as rollout.rollout reads them."""
-    model_eos = getattr(getattr(policy, "generation_config", None), "eos_token_id", None)
-    return {tokenizer.eos_token_id,
-            *(model_eos if isinstance(model_eos, list) else [model_eos])} - {None}
-
-
 @torch.no_grad()
 def play_cached(policy, tokenizer, envs, max_new_tokens, temperature, greedy, compiled):
     """rollout.rollout's episodes over one KV cache: row r of the batch plays episode rows[r];
@@ -55,7 +47,7 @@ def play_cached(policy, tokenizer, envs, max_new_tokens, temperature, greedy, co
     right-padded transcript in training. Finished episodes leave the batch and the cache."""
     check_static_decode(policy)
     device, pad_id = next(policy.parameters()).device, tokenizer.pad_token_id
-    eos = eos_ids(policy, tokenizer)
+    eos = rollout.eos_ids(policy, tokenizer)
     stops = stop_tokens(tokenizer, frozenset(eos), policy.get_output_embeddings().weight.shape[0])
     questions = [env.question for env in envs]
     transcripts = [rollout.Transcript(tokenizer.encode(render_prompt(tokenizer, q),
