@@ -130,7 +130,10 @@ def parse_overrides(argv, defaults, schema):
     if not (device in ("auto", "cpu", "cuda") or re.fullmatch(r"cuda:\d+", device)):
         raise SystemExit(f"DEVICE={device!r}: allowed values are auto, cpu, cuda, cuda:N")
     resolve_auto(config, schema)
-    for name, (test, allowed) in schema.limits.items():
+    # Every number is >= 0 unless schema.limits says more.
+    limits = {name: at_least(0) for name, value in config.items()
+              if isinstance(value, (int, float)) and not isinstance(value, bool)}
+    for name, (test, allowed) in {**limits, **schema.limits}.items():
         if not test(config[name]):
             raise SystemExit(f"{name}={config[name]!r}: allowed values are {allowed}"
                              + (" (or auto)" if name in schema.auto else ""))

@@ -37,11 +37,9 @@ from runs import above, at_least, fraction
 # ----------------------------------------------------------------------------- config
 # model and method
 MODEL = "tiny"               # "tiny" | "small" | "base" (embedded, built offline) or an HF name
-METHOD = "evisd"             # "evisd" | "grpo", or a peer's rule from lab/peers.py: "rlsd" |
-                             # "opsd" | "sdar" | "sd_search" | "bicaa"
+METHOD = "evisd"             # "evisd" | "grpo" | a peer's rule from the lab (PEERS below)
 SEED = 0
-PREV_TOKEN_INIT = 6.0        # embedded model: layer 0's first head starts this sharp a
-                             # previous-token head (0: off)
+PREV_TOKEN_INIT = 6.0        # embedded model: a previous-token head this sharp to start (0: off)
 # world
 FRESH_WORLDS = True          # a new world every step, so facts cannot be memorised
 WORLD_SCALE = 1.0            # multiplies the default entity counts of toy_world.make_world
@@ -57,10 +55,9 @@ SFT_NOISE = 0.4              # chance that an expert demonstration makes one mis
 SFT_STOP_EARLY = 0.5
 SFT_PARTIAL_NAME = 0.5
 SFT_PRIVILEGED_FRAC = "auto"  # clean experts shown in the teacher's context: 0.3 embedded, 0 HF
-SFT_CONTEXT_LOSS = "auto"    # weight of a loss on the tokens read: 1 embedded (the names the
-                             # documents repeat teach copying), 0 HF
+SFT_CONTEXT_LOSS = "auto"    # weight of a loss on the tokens read (it teaches copying): 1 | 0 HF
 # The first SFT_REPEAT_STEPS steps cycle through SFT_REPEAT_WORLDS worlds (copying emerges
-# sooner), later steps see fresh worlds: "auto" is 300 embedded, 0 HF (it copies already).
+# sooner): "auto" is 300 embedded, 0 HF (it copies already).
 SFT_REPEAT_STEPS = "auto"
 SFT_REPEAT_WORLDS = 5
 SFT_DIR = "out/sft"          # warm-up checkpoints, one per (seed, model, world, SFT settings)
@@ -74,8 +71,7 @@ CLIP_EPS = 0.2
 PPO_EPOCHS = 1               # with 1, the ratio is exactly 1 and the clip never acts
 GRAD_CLIP = 1.0
 MAX_NEW_TOKENS = 48          # per turn
-TEMPERATURE = 0.5            # rollouts and the teacher's scores (below 1: the tiny model's
-                             # samples are sharper; docs/design-notes.md)
+TEMPERATURE = 0.5            # of the rollouts and the teacher's scores (docs/design-notes.md)
 # EviSD (evisd.py reads these by name): Â = A + lambda * |A| * m * tanh(tau * gap), the paper's
 # defaults. Each row of the paper's ablation table is one constant; the allowed values of the
 # string ones are evisd.CHOICES.
@@ -100,9 +96,8 @@ DATA_TRAIN = ""              # RL questions: hotpot_train_v1.1.json, nq/train.js
 DATA_DEV = ""                # what evaluate.py scores: hotpot_dev_distractor_v1.json, ...
 CORPUS = ""                  # {"id", "contents"} JSONL, BM25 in memory ("": own paragraphs)
 RETRIEVER_URL = ""           # or Search-R1's retrieval server, http://127.0.0.1:8000/retrieve
-EVIDENCE = "auto"            # the teacher's: "sentences" (supporting, <= 2 docs x 2) |
-                             # "paragraphs" | "answer_passages" | "answer_only" | "auto":
-                             # sentences, else paragraphs, else answer_passages
+EVIDENCE = "auto"            # the teacher's on real data: "sentences" (supporting, <= 2 docs x
+                             # 2) | "paragraphs" | "answer_passages" | "answer_only" | "auto"
 # evaluation and I/O
 EVAL_EVERY = 20
 EVAL_QUESTIONS = 50          # per held-out split
@@ -112,14 +107,11 @@ CKPT_EVERY = 50
 OUT_DIR = "out/run"
 # system
 DEVICE = "auto"              # "auto" (CUDA if there is one) | "cpu" | "cuda" | "cuda:N"
-DTYPE = "auto"               # "auto" (bf16 on CUDA if supported, else float32) | "float32" |
-                             # "bfloat16" (autocast, on the CPU too: the GPU's path, checked here)
+DTYPE = "auto"               # "auto": bf16 on CUDA if it has it | "float32" | "bfloat16" (autocast)
 GRADIENT_CHECKPOINTING = False  # recompute activations in backward: memory for real models
-DECODE = "generate"          # rollouts: "generate" (rollout.py: HF, once per turn) | the lab's
-                             # "static" | "compiled" (lab/fast_decode.py: a KV cache across turns)
+DECODE = "generate"          # "generate" (rollout.py) | "static" | "compiled" (lab/fast_decode.py)
 MAX_BAD_STEPS = 5            # consecutive non-finite losses before stopping
-MEASURE = False              # the lab's per-step measurement (lab/measure.py): the oracle's
-                             # label shares and the teacher's gap statistics, for benchmarks
+MEASURE = False              # the lab's per-step measurement (lab/measure.py), for benchmarks
 
 CONFIG_KEYS = [k for k, v in list(globals().items())
                if k.isupper() and isinstance(v, (int, float, bool, str))]
@@ -161,23 +153,18 @@ SCHEMA = runs.Schema(
              "DATA": ("toy", "hotpotqa", "2wiki", "musique", "jsonl"),
              "EVIDENCE": ("auto", "sentences", "paragraphs", "answer_passages",
                           "answer_only")},
-    # Every number's range, checked before any work starts (EVISD_LAMBDA < 1: at 1, a token's
-    # advantage could reach 0 and beyond it flip sign; SEED: what torch.manual_seed takes).
-    limits={"SEED": ((lambda v: 0 <= v < 2**63), ">= 0 and < 2^63"),
-            "PREV_TOKEN_INIT": at_least(0), "WORLD_SCALE": above(0), "TOP_K": at_least(1),
-            "MAX_TURNS": at_least(1), "SFT_STEPS": at_least(0), "SFT_BATCH": at_least(1),
+    # Every number is >= 0; these must be more, before any work starts (EVISD_LAMBDA < 1: at 1,
+    # a token's advantage could reach 0 and beyond it flip sign; SEED: what torch takes).
+    limits={"SEED": ((lambda v: 0 <= v < 2**63), ">= 0 and < 2^63"), "WORLD_SCALE": above(0),
+            "TOP_K": at_least(1), "MAX_TURNS": at_least(1), "SFT_BATCH": at_least(1),
             "SFT_LR": above(0), "SFT_NOISE": fraction(), "SFT_STOP_EARLY": fraction(),
             "SFT_PARTIAL_NAME": fraction(), "SFT_PRIVILEGED_FRAC": fraction(),
-            "SFT_CONTEXT_LOSS": at_least(0), "SFT_REPEAT_STEPS": at_least(0),
-            "SFT_REPEAT_WORLDS": at_least(1), "RL_STEPS": at_least(0),
-            "QUESTIONS_PER_STEP": at_least(1), "GROUP_SIZE": at_least(2), "LR": above(0),
-            "KL_COEF": at_least(0), "CLIP_EPS": above(0), "PPO_EPOCHS": at_least(1),
-            "GRAD_CLIP": above(0), "MAX_NEW_TOKENS": at_least(1), "TEMPERATURE": above(0),
-            "EVISD_LAMBDA": ((lambda v: 0 <= v < 1), ">= 0 and < 1"), "EVISD_TAU": above(0),
-            "EVISD_GATE_COEF": at_least(0),
-            "EVAL_EVERY": at_least(0), "EVAL_QUESTIONS": at_least(1), "EVAL_SEED": at_least(1),
-            "VALIDATION_WORLDS": at_least(1), "CKPT_EVERY": at_least(0),
-            "MAX_BAD_STEPS": at_least(1),
+            "SFT_REPEAT_WORLDS": at_least(1), "QUESTIONS_PER_STEP": at_least(1),
+            "GROUP_SIZE": at_least(2), "LR": above(0), "CLIP_EPS": above(0),
+            "PPO_EPOCHS": at_least(1), "GRAD_CLIP": above(0), "MAX_NEW_TOKENS": at_least(1),
+            "TEMPERATURE": above(0), "EVISD_LAMBDA": ((lambda v: 0 <= v < 1), ">= 0 and < 1"),
+            "EVISD_TAU": above(0), "EVAL_QUESTIONS": at_least(1), "EVAL_SEED": at_least(1),
+            "VALIDATION_WORLDS": at_least(1), "MAX_BAD_STEPS": at_least(1),
             "DTYPE": ((lambda v: v != "float16"), "float32 or bfloat16: float16 would need "
                       "loss scaling, which this project does not do")},
     # "auto": (embedded model, HF model). A pretrained model must never get rates tuned for

@@ -59,6 +59,9 @@ def strip_timing(rs):
     ("--LR=fast", 'expected float like 0.0002 or "auto"'),
     ("--SFT_NOISE=2", "^SFT_NOISE=2.0: allowed values are from 0 to 1$"),
     ("--SEED=-1", "^SEED=-1: allowed values are >= 0 and < 2\\^63$"),
+    # every number is >= 0 without a limit of its own
+    ("--SFT_STEPS=-1", "^SFT_STEPS=-1: allowed values are >= 0$"),
+    ("--KL_COEF=-0.1", "^KL_COEF=-0.1: allowed values are >= 0$"),
     ("RL_STEPS=3", "use --NAME=value"),
     ("--resume --overwrite", "--resume continues the run in OUT_DIR and --overwrite deletes it"),
     ("config/no-such-preset.py", "no config file"),
