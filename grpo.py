@@ -1,9 +1,6 @@
-"""GRPO: group-relative outcome advantages and the clipped per-token policy loss.
-
-Both are pure functions of tensors, so they can be read beside the papers and tested alone.
-GRPO (Shao et al., 2024, DeepSeekMath) samples a group of answers per question and uses the
-reward's z-score inside the group as every token's advantage; no value model is trained.
-"""
+"""GRPO (Shao et al., 2024, DeepSeekMath): each answer's reward z-scored in its question's group
+is every token's advantage, no value model; then the clipped per-token policy loss. Pure functions
+of tensors, to read beside the papers and test alone."""
 import torch
 
 
@@ -37,13 +34,12 @@ def policy_loss(logp, old_logp, ref_logp, token_adv, mask, clip_eps=0.2, kl_coef
     ratio = torch.exp(logp - old_logp)                                    # [N, T]
     clipped = torch.clamp(ratio, 1.0 - clip_eps, 1.0 + clip_eps)
     per_token = -torch.minimum(ratio * token_adv, clipped * token_adv)    # [N, T]
+    mean_kl = torch.zeros(())
     if kl_coef > 0:
         d = ref_logp - logp
         kl = torch.exp(d) - d - 1.0                                       # k3, >= 0
         per_token = per_token + kl_coef * kl
         mean_kl = (kl * mask).sum() / n_tokens
-    else:
-        mean_kl = torch.zeros(())
     loss = (per_token * mask).sum() / n_tokens
     # A token is clipped when the clipped branch is the one the min picks with zero gradient.
     is_clipped = (((ratio < 1 - clip_eps) & (token_adv < 0))
