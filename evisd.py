@@ -1,22 +1,17 @@
 """EviSD: evidence-conditioned self-distillation as a bounded correction of GRPO advantages.
 
-The student acted from the normal context. The *same* model, with no gradient, re-scores the
-student's own tokens as a privileged teacher: a search action's teacher reads the question's
-gold evidence (formatted exactly like retrieved information), an answer action's teacher reads
-the golden answer, and neither reads the other's. The detached gap between the two log-probs
-corrects the GRPO advantage of the content tokens of those actions:
+The *same* model, with no gradient, re-scores the student's own tokens as a privileged teacher:
+a search action's teacher reads the question's gold evidence (formatted like retrieved text),
+an answer action's teacher the golden answer, neither the other's. The detached gap corrects
+the GRPO advantage of the content of those actions (m_t = 1 on the query, the answer):
 
     delta_t = stopgrad(log p_teacher(y_t) - log p_student(y_t))
     Â_t     = A + lambda * |A| * m_t * tanh(tau * delta_t)        lambda = 0.2, tau = 5
 
-m_t is 1 on the content of generated search and answer actions (the query, the answer). The
-correction is at most lambda * |A|, so it never flips the sign the outcome reward chose and does
-nothing where A = 0. This is the EviSD paper's rule (arXiv 2608.01359) as a detailed public
-summary gives it. Nothing changes at inference time: the teacher exists only inside a step.
-
-The knobs are train.py's EviSD constants, read here from the config under their own names;
-each row of the paper's ablation table is one of them. Reading order: the formulas, ``credit``
-(what train.rl_step calls), which tokens are corrected, then the teacher's context.
+as a detailed public summary of arXiv 2608.01359 gives it: at most lambda * |A|, never a sign
+flip, nothing where A = 0. The knobs are train.py's EviSD constants, read here by their own
+names. Reading order: the formulas, ``credit`` (train.rl_step's call), the tokens it corrects,
+then the teacher's context.
 """
 import torch
 
@@ -106,11 +101,9 @@ def scored_range(span, setting):
 def scored_turns(spans, cfg):
     """(searching turns, answer turns) of one episode that a teacher scores, none of a kind
     without privilege; under the "response" span, invalid turns are still searching."""
-    searches = [s for s in spans if s.kind == "search"
-                or (s.kind == "invalid" and cfg["EVISD_SPAN"] == "response")]
-    answers = [s for s in spans if s.kind == "answer"]
-    return (searches if cfg["USE_SEARCH_EVIDENCE"] else [],
-            answers if cfg["USE_ANSWER_PRIVILEGE"] else [])
+    searching = ("search", "invalid") if cfg["EVISD_SPAN"] == "response" else ("search",)
+    return ([s for s in spans if s.kind in searching and cfg["USE_SEARCH_EVIDENCE"]],
+            [s for s in spans if s.kind == "answer" and cfg["USE_ANSWER_PRIVILEGE"]])
 
 
 def correction_mask(rollouts, cfg):
@@ -160,11 +153,9 @@ def insert_blocks(ids, inserts):
     in the student's ``ids``, -1 for an inserted one."""
     out, student_pos, prev = [], [], 0
     for cut in sorted(inserts) + [len(ids)]:
-        out += ids[prev:cut]
-        student_pos += range(prev, cut)
-        if cut in inserts:
-            out += inserts[cut]
-            student_pos += [-1] * len(inserts[cut])
+        block = inserts.get(cut, [])
+        out += ids[prev:cut] + block
+        student_pos += [*range(prev, cut), *[-1] * len(block)]
         prev = cut
     return out, student_pos
 

@@ -1,16 +1,10 @@
 """Rollouts: multi-turn search episodes played in batches, and their transcripts.
 
-* ``rollout`` plays ``len(envs)`` episodes as one batch per turn: the policy writes a turn (HF
-  ``generate``), the turn is cut after its first ``</search>`` or ``</answer>``, its text goes
-  to the episode's env (search_env.SearchEnv), and the observation is appended.
-* ``Transcript`` collects one episode's token ids and masks turn by turn; when a turn is cut, it
-  records where its action and its content lie (``Span``), from the character offsets the env's
-  parser found (search_env.parse_action). Nothing later decodes a span again to find them.
-* ``collate`` pads transcripts into the ``[N, T]`` tensors of ``Rollouts``.
-
-Sampled ids are kept, never re-encoded: the log-probs the loss computes are those of the tokens
-the policy drew. A tag may be one token (the embedded tokenizer) or several (a pretrained one);
-a token that holds part of a tag counts as the tag's.
+``rollout`` plays the episodes one batched turn at a time (HF ``generate``), cuts each turn
+after its first ``</search>`` or ``</answer>``, hands its text to the episode's env and appends
+the observation. ``Transcript`` records, as each turn is cut, where its action and content lie
+(``Span``): nothing later decodes a span again. ``collate`` pads transcripts into ``Rollouts``.
+Sampled ids are kept, never re-encoded: the loss scores the very tokens the policy drew.
 """
 import bisect
 from dataclasses import dataclass
@@ -104,10 +98,7 @@ def pad(rows, fill, left=False):
     """Lists of ids as one [len(rows), L >= 1] long tensor, filled with ``fill`` on the right
     (or on the left, so that every row ends at column L)."""
     L = max(1, max(map(len, rows), default=0))
-    padded = []
-    for row in rows:
-        filler = [fill] * (L - len(row))
-        padded.append(filler + row if left else row + filler)
+    padded = [[fill] * (L - len(r)) + r if left else r + [fill] * (L - len(r)) for r in rows]
     return torch.tensor(padded, dtype=torch.long).view(len(rows), L)
 
 
@@ -197,9 +188,7 @@ def eos_ids(policy, tokenizer):
 def cut_turn(tokenizer, tokens, eos_ids, pad_id):
     """(token ids, text) of a generated turn: what precedes the first eos, cut after the token
     completing the first stop string; the text, what the env reads, ends at the stop string."""
-    eos = next((j for j, t in enumerate(tokens) if t in eos_ids), None)
-    if eos is not None:
-        tokens = tokens[:eos]
+    tokens = tokens[:next((j for j, t in enumerate(tokens) if t in eos_ids), len(tokens))]
     while tokens and tokens[-1] == pad_id:   # a row that stopped early, padded by generate
         tokens = tokens[:-1]
     text = tokenizer.decode(tokens)

@@ -1,20 +1,10 @@
-"""BM25 retrieval over a corpus, the agent protocol, the search environment and its reward.
+"""What the agent interacts with: a corpus and its questions (``World``), BM25, the Search-R1
+protocol (the model writes ``<search> q </search>``, receives ``<information> ...
+</information>``, ends with ``<answer> a </answer>``), the env, and its reward.
 
-Everything the agent interacts with lives here; the synthetic world it is trained on and its
-demonstrator are in toy_world.py.
-
-* ``Doc``, ``Question`` and ``World`` hold a corpus and its questions.
-* ``BM25`` is Okapi BM25 as the formula reads (a term-frequency Counter per document).
-* ``parse_action`` / ``format_information`` / ``SearchEnv`` implement the Search-R1 protocol:
-  the model writes ``<search> q </search>`` and receives ``<information> ... </information>``,
-  until it writes ``<answer> a </answer>``.
-* ``exact_match`` is what evaluation reports (SQuAD normalisation); ``reward`` is what training
-  optimises, exact match unless edited.
-
-A retriever is anything with ``search(query, k)`` returning ``Doc`` lists: a ``World`` (BM25
-over its corpus), or one of the lab's (lab/real_data.py: a question's own paragraphs, a big
-corpus, Search-R1's retrieval server). ``SearchEnv`` is given one and never asks which;
-``episodes`` makes the envs of a batch.
+``exact_match`` is what evaluation reports; ``reward`` is what training optimises (exact match
+unless edited). A retriever is anything with ``search(query, k)`` returning ``Doc`` lists: a
+``World``, or one of the lab's (lab/real_data.py); ``SearchEnv`` never asks which.
 """
 import math
 import re
@@ -54,11 +44,9 @@ def tokenize(text):
 
 
 def exact_match(prediction, answers):
-    """1.0 if the normalised prediction equals any normalised accepted answer, else 0.0."""
-    if prediction is None:
-        return 0.0
-    pred = normalize_answer(prediction)
-    return float(any(pred == normalize_answer(a) for a in answers))
+    """1.0 if the prediction, normalised, is one of the accepted answers, normalised; else 0.0."""
+    return float(prediction is not None
+                 and normalize_answer(prediction) in {normalize_answer(a) for a in answers})
 
 
 def reward(prediction, answers):
@@ -173,8 +161,7 @@ def parse_action(turn_text):
     end. Anything else is ``invalid``, with the reason why; this never raises."""
     if not isinstance(turn_text, str):
         return Action("invalid", "not text")
-    # Whatever prints or saves a turn must not break: no lone surrogate (category Cs), no
-    # control character (Cc) but the tab and line breaks.
+    # Whatever prints or saves a turn must not break: no lone surrogate or control character.
     bad = next((ch for ch in turn_text
                 if unicodedata.category(ch) in ("Cc", "Cs") and ch not in "\t\n\r"), None)
     if bad is not None:

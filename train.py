@@ -7,10 +7,8 @@
     python train.py --OUT_DIR=out/run --overwrite     # start again, deleting the run that is there
     torchrun --nproc_per_node=4 train.py              # data parallel on 4 GPUs (or CPU gloo)
 
-The constants below are the whole config (runs.py checks overrides and presets against them).
-Then: the model, the supervised warm-up (warmup.py, cached, so GRPO and EviSD start from the
-same weights), and the RL loop, one ``rl_step`` per step: rollout -> reward -> group advantage
--> (EviSD: the teacher's bounded correction) -> clipped policy loss -> AdamW.
+The constants below are the whole config. Then the model, the supervised warm-up (cached: GRPO
+and EviSD start from the same weights) and the RL loop, one ``rl_step`` per step.
 """
 import copy
 import json
@@ -125,8 +123,7 @@ PEERS = ("rlsd", "opsd", "sdar", "sd_search", "bicaa")
 
 
 def check_data(cfg):
-    """The lab's switch for real data: DATA other than "toy" hands its settings to
-    lab/real_data.py, which checks them (and reads the files) before any work starts."""
+    """The lab's switch for real data: lab/real_data.py checks its settings and files."""
     if cfg["DATA"] != "toy":
         runs.lab("real_data", f"DATA={cfg['DATA']!r}").check_config(cfg)
 
@@ -180,8 +177,7 @@ def configure(argv):
 
 
 def step_world(cfg, step):
-    """The world an RL step's questions come from: a fresh toy world per step (FRESH_WORLDS), or
-    the lab's switch for real data: the train split of DATA_TRAIN."""
+    """The world of an RL step's questions: a toy world (fresh per step), or real data's."""
     if cfg["DATA"] != "toy":
         return runs.lab("real_data", f"DATA={cfg['DATA']!r}").dataset(cfg, "train")
     return toy_world.training_world("rl", cfg["SEED"], step if cfg["FRESH_WORLDS"] else 0,
@@ -190,9 +186,8 @@ def step_world(cfg, step):
 
 # ----------------------------------------------------------------------------- one RL step
 def rl_step(cfg, step, world, policy, reference, tokenizer, optimizer):
-    """One step of GRPO or EviSD on QUESTIONS_PER_STEP x GROUP_SIZE = N episodes of ``world``.
-    ``reference`` is the KL term's frozen warm-up model, or None. Returns (metrics, record), the
-    latter for the lab's measurement (MEASURE)."""
+    """One step of GRPO or EviSD on N = QUESTIONS_PER_STEP x GROUP_SIZE episodes of ``world``
+    (``reference``: the KL's frozen warm-up model, or None) -> (metrics, record for MEASURE)."""
     t0 = time.perf_counter()
     device, dtype = next(policy.parameters()).device, getattr(torch, cfg["DTYPE"])
     rank, world_size = runs.rank_and_size()
@@ -342,8 +337,7 @@ def main(argv):
         runs.log_metrics(out, {"step": step, "eval": True,
                                **{f"eval_{k}": v for k, v in em.items()}})
         shown = {"macro": "macro", "hop1": "1-hop", "hop2": "2-hop", "hop3": "3-hop", "f1": "F1"}
-        name = "warm-up" if step == 0 and start == 0 else f"step {step}"
-        return f"{name}: held-out EM " + ", ".join(
+        return f"{'warm-up' if step == 0 else f'step {step}'}: held-out EM " + ", ".join(
             f"{label} {em[k]:.2f}" for k, label in shown.items() if em.get(k) is not None)
 
     done, stopped = start, None   # done: steps whose update the weights hold, what a stop saves
