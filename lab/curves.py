@@ -1,9 +1,9 @@
 """Learning speed from a run's metrics.jsonl, and the plot of its curves.
 
 Both methods end with the habits gone, so final EM cannot see what EviSD's sharper credit should
-buy: *how fast* a habit goes. Every training step logs the oracle's label shares of its batch
-(lab/oracle.py's label_shares, logged beside every step by train.py), so speed costs nothing. For
-each habit (partial-name searches, premature answers):
+buy: *how fast* a habit goes. With MEASURE=True every training step logs the oracle's label
+shares of its batch (lab/measure.py, lab/oracle.py), so speed costs no extra rollout. For each
+habit (partial-name searches, premature answers):
 
     clear step  the first step whose running share (the mean of the last WINDOW steps' shares)
                 is below CLEAR_BELOW; RL_STEPS if it never is (censored);

@@ -42,8 +42,8 @@ def test_token_logprobs_on_the_device_match_the_cpu(trained, world, tok):
     assert (got.cpu() - cpu).abs().max() < LOGP_ATOL
 
 
-def test_cached_rollout_on_the_device_matches_a_fresh_forward(trained, world, tok):
-    """The KV cache, stop strings and dropped rows on the device: every greedy token is the
+def test_rollout_on_the_device_matches_a_fresh_forward(trained, world, tok):
+    """Left padding, stop strings and finished rows on the device: every greedy token is the
     argmax of a plain forward over its transcript (float32, so no rounding can flip a tie)."""
     lm = copy.deepcopy(trained).to(device)
     qs = world.split("train")[:6]
