@@ -8,8 +8,7 @@ import torch
 from torch.utils.checkpoint import checkpoint
 from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import (AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerFast, Qwen2Config,
-                          Qwen2ForCausalLM)
-from transformers.utils import logging as transformers_logging
+                          Qwen2ForCausalLM, logging as transformers_logging)
 
 from search_env import INSTRUCTION, INVALID_OBSERVATION, TAGS, Question, format_information
 from toy_world import SYLLABLES, expert_episode, make_world
@@ -24,15 +23,13 @@ SIZES = {"tiny": (128, 3, 4, 2, 256), "small": (256, 6, 8, 4, 768), "base": (512
 
 # ----------------------------------------------------------------------------- tokenizer
 def tokenizer_texts(seeds=(0, 1, 2, 3)):
-    """Training text for the tokenizer: documents, questions and expert transcripts of a few
-    worlds, plus every syllable on its own so each is a learnable piece."""
+    """The tokenizer's text: a few worlds' documents, questions and expert turns; each syllable."""
     texts = [INSTRUCTION, " ".join(SYLLABLES), INVALID_OBSERVATION]
     for seed in seeds:
         world = make_world(seed=seed)
         texts += [format_information(world.docs[i:i + 3]) for i in range(0, len(world.docs), 3)]
         for q in world.questions[::4]:
-            ep = expert_episode(q, world)
-            texts += [render_prompt(None, q)] + ep.turns
+            texts += [render_prompt(None, q)] + expert_episode(q, world).turns
     return texts
 
 
@@ -42,10 +39,9 @@ def build_tokenizer(texts, vocab_size=768):
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=vocab_size,
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, show_progress=False,
                                   special_tokens=["<pad>", "<bos>", "<eos>", "<unk>"],
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-                                  show_progress=False)
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
     tok.train_from_iterator(texts, trainer)
     # Tags are plain (non-special) added tokens: one id each, and kept by decode().
     tok.add_tokens([AddedToken(t, normalized=False) for t in TAGS])
@@ -55,19 +51,16 @@ def build_tokenizer(texts, vocab_size=768):
 
 # ----------------------------------------------------------------------------- models
 def build_model(tokenizer, size="tiny", seed=0, prev_token_init=0.0):
-    """A randomly initialised Qwen2 causal LM sized by ``SIZES[size]``; with ``prev_token_init`` > 0
-    its first head starts as a previous-token head that sharp (``prev_token_head``)."""
+    """A random Qwen2 LM of ``SIZES[size]``, with a ``prev_token_head`` if ``prev_token_init``."""
     if size not in SIZES:
         raise ValueError(f"unknown model size {size!r}; allowed: {sorted(SIZES)}")
     hidden, layers, heads, kv_heads, mlp = SIZES[size]
-    config = Qwen2Config(
+    torch.manual_seed(seed)
+    model = Qwen2ForCausalLM(Qwen2Config(
         vocab_size=len(tokenizer), hidden_size=hidden, intermediate_size=mlp,
         num_hidden_layers=layers, num_attention_heads=heads, num_key_value_heads=kv_heads,
-        max_position_embeddings=2048, tie_word_embeddings=True,
-        pad_token_id=tokenizer.pad_token_id, bos_token_id=tokenizer.bos_token_id,
-        eos_token_id=tokenizer.eos_token_id)
-    torch.manual_seed(seed)
-    model = Qwen2ForCausalLM(config)
+        max_position_embeddings=2048, tie_word_embeddings=True, pad_token_id=tokenizer.pad_token_id,
+        bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id))
     if prev_token_init:
         prev_token_head(model, prev_token_init)
     return model
@@ -86,26 +79,24 @@ def prev_token_head(model, scale, back=1, frequencies=4):
         attn.q_proj.bias[d // 2:d // 2 + frequencies] = -scale * torch.sin(back * theta)
 
 
-def load_model(name_or_path, dtype=None, local_files_only=None):
-    """(model, tokenizer) from an HF directory or hub name: the local cache first, the hub only
-    if it answers, so offline fails at once. ``local_files_only`` defaults to HF_HUB_OFFLINE."""
+def load_model(name, dtype=None, local_files_only=None):
+    """(model, tokenizer) from a directory or hub name: the local cache first, then the hub."""
     if local_files_only is None:
         local_files_only = os.environ.get("HF_HUB_OFFLINE", "0") not in ("", "0", "false")
     try:
-        tokenizer = AutoTokenizer.from_pretrained(name_or_path, local_files_only=True)
-        model = AutoModelForCausalLM.from_pretrained(name_or_path, dtype=dtype,
-                                                     local_files_only=True)
+        tokenizer = AutoTokenizer.from_pretrained(name, local_files_only=True)
+        model = AutoModelForCausalLM.from_pretrained(name, dtype=dtype, local_files_only=True)
     except OSError as e:
-        if os.path.isdir(name_or_path):
+        if os.path.isdir(name):
             raise
         if local_files_only or not _hub_answers():
             raise RuntimeError(
-                f"could not load model {name_or_path!r}: it is not a local directory, not in the "
+                f"could not load model {name!r}: it is not a local directory, not in the "
                 "local cache, and the Hugging Face hub cannot be reached. Download it on a machine "
                 "with internet access and pass its directory, or use the embedded default with "
                 f"MODEL='tiny'. (cause: {type(e).__name__}: {str(e).splitlines()[0]})") from None
-        tokenizer = AutoTokenizer.from_pretrained(name_or_path)
-        model = AutoModelForCausalLM.from_pretrained(name_or_path, dtype=dtype)
+        tokenizer = AutoTokenizer.from_pretrained(name)
+        model = AutoModelForCausalLM.from_pretrained(name, dtype=dtype)
     # Tags stay text, as in Search-R1: new tokens would be untrained embeddings. eos pads.
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
@@ -113,7 +104,7 @@ def load_model(name_or_path, dtype=None, local_files_only=None):
 
 
 def _hub_answers(timeout=3.0):
-    """Whether the Hugging Face hub (or HF_ENDPOINT) accepts a connection within ``timeout`` s."""
+    """Whether the hub (or HF_ENDPOINT) answers within ``timeout`` s, so offline fails at once."""
     host = urllib.parse.urlparse(os.environ.get("HF_ENDPOINT", "https://huggingface.co")).hostname
     try:
         socket.create_connection((host, 443), timeout=timeout).close()
@@ -123,8 +114,7 @@ def _hub_answers(timeout=3.0):
 
 
 def autocast(device, dtype):
-    """bf16 mixed precision wherever DTYPE asks for it, on CUDA and on the CPU alike (so the CPU
-    can run the path every GPU run takes); a no-op at float32. Weights stay float32."""
+    """bf16 autocast where DTYPE asks, on the CPU too (so it runs the GPU's path); fp32 weights."""
     return torch.autocast(device_type=device.type, dtype=dtype, enabled=dtype != torch.float32)
 
 
@@ -135,8 +125,7 @@ def save_checkpoint_dir(model, tokenizer, path):
 
 
 def render_prompt(tokenizer, question):
-    """The instruction and the question: plain text for the embedded model (or no tokenizer),
-    or through the chat template for an instruct model that has one."""
+    """The instruction and the question, through the tokenizer's chat template if it has one."""
     text = question.question if isinstance(question, Question) else str(question)
     if getattr(tokenizer, "chat_template", None):
         messages = [{"role": "system", "content": INSTRUCTION},
@@ -147,14 +136,12 @@ def render_prompt(tokenizer, question):
 
 # ----------------------------------------------------------------------------- log-probs
 def token_logprobs(model, input_ids, attention_mask, score_mask=None, chunk=4096, temperature=1.0):
-    """log p(token_t | tokens_<t), [N, T]: 0 at position 0 and where ``score_mask`` is 0. The
-    output projection runs only where asked, a chunk of rows at a time (gather - logsumexp, no
-    [N, T, V] log-softmax), so a large vocabulary fits; under gradient checkpointing each
-    chunk's logits are recomputed in the backward pass instead of kept."""
+    """log p(token_t | tokens_<t) [N, T], 0 at position 0 and where ``score_mask`` is 0. The output
+    head runs only there, a chunk of rows at a time (gather - logsumexp, no [N, T, V] log-softmax),
+    so a large vocabulary fits; under gradient checkpointing the backward recomputes each chunk."""
     decoder = model.get_decoder()
     # No KV cache in a scoring forward: it would only hold every layer's keys and values.
-    hidden = decoder(input_ids=input_ids, attention_mask=attention_mask,
-                     use_cache=False).last_hidden_state
+    hidden = decoder(input_ids, attention_mask=attention_mask, use_cache=False).last_hidden_state
     select = (attention_mask if score_mask is None else score_mask)[:, 1:].bool()  # [N, T-1]
     h = hidden[:, :-1][select]                                 # [M, d] the states predicting them
     targets = input_ids[:, 1:][select]                         # [M]
