@@ -2,12 +2,10 @@
 
     python evaluate.py out/evisd-s0 out/grpo-s0 ...   # EM per hop, 95% intervals; paired macro
 
-Held-out worlds have seeds EVAL_SEED, EVAL_SEED + 1, ...; validation worlds (``--validation``,
-for choosing settings) EVAL_SEED - 1, EVAL_SEED - 2, ...; train.py keeps every training world
-below both. ``macro`` is the mean of 1- and 2-hop EM, the splits RL can move (3 hops is out of
-distribution). Runs of one SEED share a warm-up, so methods are compared seed by seed. A
-real-data run (train.py's DATA) is scored on its dev split by lab/real_data.py.
-The lab's tables, power analysis, learning speed and report card: python lab/report.py.
+Held-out worlds have seeds EVAL_SEED, EVAL_SEED + 1, ...; validation worlds (``--validation``)
+EVAL_SEED - 1, EVAL_SEED - 2, ...; training worlds are named apart (train.py). ``macro`` is the
+mean of 1- and 2-hop EM, the splits RL can move. A seed's runs share a warm-up, so methods are
+paired by seed. Real data: lab/real_data.py; the lab's tables: python lab/report.py.
 """
 import argparse
 import json
@@ -29,7 +27,6 @@ import toy_world
 SPLITS = ("test", "ood")
 HOPS = (1, 2, 3)             # 1 and 2 hops in `test`, 3 in `ood`
 MACRO_HOPS = (1, 2)          # the headline: ood (3 hops) stays near 0 for every run
-PAIRED_KEYS = ("macro", "hop1", "hop2")
 EVAL_WORLDS = 9              # ~1,090 test and 1,080 ood questions; one world's ~121 give EM ± 0.09
 EVAL_BATCH = 256             # questions per greedy rollout (a real dev split has thousands)
 
@@ -46,7 +43,7 @@ def real_data(cfg):
 
 
 def heldout_questions(cfg, split, n, world_index=0, validation=False):
-    """n questions of a split of held-out (or validation) world ``world_index``, a fixed sample."""
+    """A fixed sample of n questions of a split of world ``world_index`` (held-out or not)."""
     seed = eval_world_seed(cfg, world_index, validation)
     world = toy_world.make_world(seed, scale=cfg["WORLD_SCALE"])
     qs = world.split(split)
@@ -56,21 +53,18 @@ def heldout_questions(cfg, split, n, world_index=0, validation=False):
 @torch.no_grad()
 def greedy_episodes(policy, tokenizer, cfg, world, questions, dtype=torch.float32):
     """Greedy exact match of each question [len(questions)] and its answers."""
-    device = next(policy.parameters()).device
     em, answers = [], []
     for c in range(0, len(questions), EVAL_BATCH):
         envs = search_env.episodes(world, questions[c:c + EVAL_BATCH], 1, cfg["MAX_TURNS"],
                                    cfg["TOP_K"])
-        with model.autocast(device, dtype):
+        with model.autocast(next(policy.parameters()).device, dtype):
             r = rollout.rollout(policy, tokenizer, envs, cfg["MAX_NEW_TOKENS"], greedy=True)
         em, answers = em + [r.em], answers + r.answers
     return torch.cat(em), answers
 
 
 def heldout_em(policy, tokenizer, cfg, n=100, dtype=torch.float32):
-    """The quick check during training: greedy EM on ``n`` questions of each split of the first
-    held-out world, per split, per number of hops, and the macro (None when the sample lacks a
-    hop). Real data: dev EM and F1 (lab/real_data.py)."""
+    """Training's quick check: greedy EM on ``n`` questions per split of held-out world 0."""
     if real := real_data(cfg):
         return real.quick_scores(policy, tokenizer, cfg, n, dtype)
     out, by_hops = {}, {h: [] for h in HOPS}
@@ -80,17 +74,14 @@ def heldout_em(policy, tokenizer, cfg, n=100, dtype=torch.float32):
         out[split] = round(sum(ems) / len(ems), 4)
         for q, em in zip(qs, ems):
             by_hops[q.hops].append(em)
-    for h in HOPS:
-        out[f"hop{h}"] = round(sum(by_hops[h]) / len(by_hops[h]), 4) if by_hops[h] else None
+    out.update({f"hop{h}": round(sum(v) / len(v), 4) if v else None for h, v in by_hops.items()})
     ems = [out[f"hop{h}"] for h in MACRO_HOPS]
     return dict(out, macro=None if None in ems else round(sum(ems) / len(ems), 4))
 
 
 def heldout_by_hops(policy, tokenizer, cfg, worlds=EVAL_WORLDS, validation=False,
                     dtype=torch.float32):
-    """Greedy EM on every question of ``worlds`` held-out (or validation) worlds per number of
-    hops, each with its 95% Wilson interval, and the macro with a normal interval. Real data:
-    its whole dev split (lab/real_data.py)."""
+    """Greedy EM by hops on all of ``worlds`` held-out (or validation) worlds, 95% intervals."""
     if real := real_data(cfg):
         return real.dev_scores(policy, tokenizer, cfg, dtype=dtype, validation=validation)
     correct, total = {h: 0 for h in HOPS}, {h: 0 for h in HOPS}
@@ -113,8 +104,7 @@ def heldout_by_hops(policy, tokenizer, cfg, worlds=EVAL_WORLDS, validation=False
 
 # ----------------------------------------------------------------------------- intervals
 def wilson(successes, n, z=1.96):
-    """The Wilson score interval of a binomial proportion (sensible at 0 and 1, unlike
-    p ± z·se)."""
+    """The Wilson score interval of a proportion (sensible at 0 and 1, unlike p ± z·se)."""
     p = successes / n
     centre = (p + z * z / (2 * n)) / (1 + z * z / n)
     half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
@@ -134,51 +124,30 @@ def t_975(dof):
 
 def t_interval(values):
     """(mean, low, high): the 95% t-interval of the mean, mean ± t_0.975(n−1)·s/√n."""
-    n = len(values)
-    m = sum(values) / n
+    n, m = len(values), sum(values) / len(values)
     if n < 2:
         return m, None, None
-    s = math.sqrt(sum((v - m) ** 2 for v in values) / (n - 1))
-    t = t_975(n - 1)
-    return m, m - t * s / math.sqrt(n), m + t * s / math.sqrt(n)
+    half = t_975(n - 1) * math.sqrt(sum((v - m) ** 2 for v in values) / (n - 1) / n)
+    return m, m - half, m + half
 
 
-def paired_differences(rows, baseline=None, keys=PAIRED_KEYS):
-    """Every group against the baseline group (the GRPO runs, unless named), seed by seed:
-    {group: {"baseline", "seeds", "keys", "diff": {seed: {key: difference}}, "intervals": {key:
-    (mean, low, high)}, "macro": (mean, low, high)}}, each interval the 95% t-interval of the
-    mean paired difference over the seeds that have the measure."""
-    groups = {}
-    for r in rows:
-        groups.setdefault(r["group"], {})[r["seed"]] = r
-    if baseline is None:
-        grpo_groups = sorted({r["group"] for r in rows if r["method"] == "grpo"})
-        if len(grpo_groups) != 1:
-            return {}       # nothing to pair with, or ambiguous: --baseline names it
-        baseline = grpo_groups[0]
-    if baseline not in groups:
-        raise SystemExit(f"--baseline {baseline!r}: no such run group; have {', '.join(groups)}")
-    out = {}
-    for name, by_seed in groups.items():
-        seeds = sorted(set(by_seed) & set(groups[baseline]))
-        if name == baseline or not seeds:
-            continue
-        # None where a run lacks the measure (real data has no hops, a run no habit left).
-        diff = {s: {k: None if None in (by_seed[s].get(k), groups[baseline][s].get(k))
-                    else by_seed[s][k] - groups[baseline][s][k] for k in keys} for s in seeds}
-        intervals = {k: t_interval(vals) for k in keys
-                     if (vals := [diff[s][k] for s in seeds if diff[s][k] is not None])}
-        out[name] = {"baseline": baseline, "seeds": seeds, "keys": list(keys), "diff": diff,
-                     "intervals": intervals, "macro": intervals.get("macro", (None, None, None))}
-    return out
-
-
-def fmt_num(v, spec=".3f"):
-    return "–" if v is None else format(v, spec)
-
-
-def fmt_interval(m, lo, hi):
-    return f"{m:+.3f} [{lo:+.3f}, {hi:+.3f}]" if lo is not None else f"{m:+.3f} (one seed)"
+def paired_macro(rows, baseline=None):
+    """Each run group's macro EM minus the baseline group's (GRPO unless named), seed by seed:
+    {group: {"baseline", "seeds", "diff": {seed: difference}, "macro": (mean, low, high)}}."""
+    grpo = sorted({r["group"] for r in rows if r["method"] == "grpo"})
+    if baseline is None and len(grpo) != 1:
+        return {}           # nothing to pair with, or ambiguous: --baseline names it
+    baseline = baseline or grpo[0]
+    base = {r["seed"]: r.get("macro") for r in rows if r["group"] == baseline}
+    if not base:
+        raise SystemExit(f"--baseline {baseline!r}: no such run group; have "
+                         + ", ".join(dict.fromkeys(r["group"] for r in rows)))
+    diffs = {r["group"]: {} for r in rows if r["group"] != baseline}
+    for r in sorted(rows, key=lambda r: r["seed"]):   # a run without a macro is left out
+        if r["group"] != baseline and None not in (r.get("macro"), base.get(r["seed"])):
+            diffs[r["group"]][r["seed"]] = r["macro"] - base[r["seed"]]
+    return {g: {"baseline": baseline, "seeds": list(d), "diff": d,
+                "macro": t_interval(list(d.values()))} for g, d in diffs.items() if d}
 
 
 # ----------------------------------------------------------------------------- runs
@@ -187,9 +156,7 @@ def group_name(run_dir):
 
 
 def run_summary(run_dir, args, warmup_em, score=heldout_by_hops):
-    """One run's row: its held-out EM (``score``: heldout_by_hops, or lab/report.py's cache of it)
-    and its warm-up's macro (``warmup_em``, shared: the runs of a seed share a warm-up), on the
-    run's DEVICE and DTYPE unless ``args`` name others, as its quick checks were computed."""
+    """One run's held-out EM by ``score`` and its warm-up's macro (``warmup_em``: a seed's)."""
     policy, tokenizer, cfg, sft_path = runs.load_run(run_dir)
     device = torch.device(args.device or cfg["DEVICE"])
     if device.type == "cuda" and not torch.cuda.is_available():
@@ -225,28 +192,29 @@ def arg_parser(doc=__doc__):
     ap.add_argument("--worlds", type=int, default=EVAL_WORLDS, help="held-out worlds to play")
     ap.add_argument("--validation", action="store_true",
                     help="validation worlds instead of held-out ones (for choosing settings)")
-    ap.add_argument("--baseline", default=None, help="run group to pair against (default: GRPO)")
-    ap.add_argument("--json", default=None, help="also write the results as JSON here")
-    ap.add_argument("--device", default=None, help="default: the run's DEVICE (cpu, cuda, ...)")
-    ap.add_argument("--dtype", default=None, choices=("float32", "bfloat16"),
-                    help="default: the run's DTYPE")
+    ap.add_argument("--baseline", help="run group to pair against (default: GRPO)")
+    ap.add_argument("--json", help="also write the results as JSON here")
+    ap.add_argument("--device", help="default: the run's DEVICE (cpu, cuda, ...)")
+    ap.add_argument("--dtype", choices=("float32", "bfloat16"), help="default: the run's DTYPE")
     return ap
 
 
 def main(argv):
     args = arg_parser().parse_args(argv)
     rows = evaluate_runs(args)
-    paired = paired_differences(rows, args.baseline)
+    paired = paired_macro(rows, args.baseline)
     for r in rows:
-        print(f"{r['run']} (seed {r['seed']}, {r['method']}; warm-up macro "
-              f"{fmt_num(r['warmup_macro'])}): EM [95%]")
+        warm = "–" if r["warmup_macro"] is None else f"{r['warmup_macro']:.3f}"
+        print(f"{r['run']} (seed {r['seed']}, {r['method']}; warm-up macro {warm}): EM [95%]")
         for key in [f"hop{h}" for h in HOPS] + ["macro", "f1"]:
             if r.get(key) is not None:   # real data has F1 and maybe no hops, toy no F1
                 (lo, hi), n = r[key + "_ci"], f" (n={r[key + '_n']})" if key + "_n" in r else ""
                 print(f"  {key:5} {r[key]:.3f} [{lo:.3f}, {hi:.3f}]{n}")
     for name, p in paired.items():
+        m, lo, hi = p["macro"]
+        ci = f"[{lo:+.3f}, {hi:+.3f}]" if lo is not None else "(one seed)"
         print(f"{name} − {p['baseline']}, paired by seed (n={len(p['seeds'])}): macro EM "
-              + (fmt_interval(*p["macro"]) if p["macro"][0] is not None else "–"))
+              f"{m:+.3f} {ci}")
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"runs": rows, "paired": paired}, f, indent=1)

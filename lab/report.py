@@ -1,6 +1,7 @@
-"""The lab's report on trained runs: evaluate.py's held-out EM and paired differences, with what
-only the lab measures, as four tables; learning speed and curves (lab/curves.py); the teacher's
-report card and gap view (lab/credit.py); and the power line (``seeds_for``).
+"""The lab's report on trained runs: evaluate.py's held-out EM with what only the lab measures,
+every measure paired by seed (``paired_differences``), as four tables; learning speed and curves
+(lab/curves.py); the teacher's report card and gap view (lab/credit.py); and the power line
+(``seeds_for``).
 
     python lab/report.py RUN_DIR... [--speed] [--plot PNG] [--credit [Q]] [--variants] [--rules]
                          [--show K] [--worlds N] [--validation] [--json F] [--baseline NAME]
@@ -30,11 +31,12 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import evaluate  # noqa: E402
 import runs  # noqa: E402
-from evaluate import HOPS, fmt_interval, fmt_num  # noqa: E402
+from evaluate import HOPS, t_interval  # noqa: E402
 from lab import credit, curves  # noqa: E402
 
 # the columns of the per-method table, beside EM
 LAB_COLUMNS = ("modulated_frac", "gap_pos", "gap_neg", "wall_min")
+PAIRED_KEYS = ("macro", "hop1", "hop2")
 
 
 def seeds_for(sd, half_width):
@@ -46,6 +48,44 @@ def seeds_for(sd, half_width):
     while evaluate.t_975(n - 1) * sd / math.sqrt(n) > half_width:
         n += 1
     return n
+
+
+def fmt_num(v, spec=".3f"):
+    return "–" if v is None else format(v, spec)
+
+
+def fmt_interval(m, lo, hi):
+    return f"{m:+.3f} [{lo:+.3f}, {hi:+.3f}]" if lo is not None else f"{m:+.3f} (one seed)"
+
+
+def paired_differences(rows, baseline=None, keys=PAIRED_KEYS):
+    """Every group against the baseline group (the GRPO runs, unless named), seed by seed:
+    {group: {"baseline", "seeds", "keys", "diff": {seed: {key: difference}}, "intervals": {key:
+    (mean, low, high)}, "macro": (mean, low, high)}}, each interval the 95% t-interval of the
+    mean paired difference over the seeds that have the measure."""
+    groups = {}
+    for r in rows:
+        groups.setdefault(r["group"], {})[r["seed"]] = r
+    if baseline is None:
+        grpo_groups = sorted({r["group"] for r in rows if r["method"] == "grpo"})
+        if len(grpo_groups) != 1:
+            return {}       # nothing to pair with, or ambiguous: --baseline names it
+        baseline = grpo_groups[0]
+    if baseline not in groups:
+        raise SystemExit(f"--baseline {baseline!r}: no such run group; have {', '.join(groups)}")
+    out = {}
+    for name, by_seed in groups.items():
+        seeds = sorted(set(by_seed) & set(groups[baseline]))
+        if name == baseline or not seeds:
+            continue
+        # None where a run lacks the measure (real data has no hops, a run no habit left).
+        diff = {s: {k: None if None in (by_seed[s].get(k), groups[baseline][s].get(k))
+                    else by_seed[s][k] - groups[baseline][s][k] for k in keys} for s in seeds}
+        intervals = {k: t_interval(vals) for k in keys
+                     if (vals := [diff[s][k] for s in seeds if diff[s][k] is not None])}
+        out[name] = {"baseline": baseline, "seeds": seeds, "keys": list(keys), "diff": diff,
+                     "intervals": intervals, "macro": intervals.get("macro", (None, None, None))}
+    return out
 
 
 def em_key(cfg, worlds, validation=False, dtype=torch.float32):
@@ -197,8 +237,8 @@ def main(argv):
     if args.credit or args.show:
         return credit.main(args)
     rows = [lab_row(row, args.speed) for row in evaluate.evaluate_runs(args, cached_by_hops)]
-    keys = evaluate.PAIRED_KEYS + (curves.SPEED_KEYS if args.speed else ())
-    paired = evaluate.paired_differences(rows, args.baseline, keys)
+    keys = PAIRED_KEYS + (curves.SPEED_KEYS if args.speed else ())
+    paired = paired_differences(rows, args.baseline, keys)
     print(runs_table(rows), results_table(rows), paired_table(paired),
           summary_table(rows, paired), sep="\n\n")
     if real := [r for r in rows if "f1" in r]:

@@ -1,4 +1,4 @@
-"""Tests for evaluate.py: the intervals against values worked by hand, paired differences on
+"""Tests for evaluate.py: the intervals against values worked by hand, the paired macro on
 hand-made rows, the quick check on a tiny untrained model, and what main prints and writes."""
 import json
 import math
@@ -33,24 +33,23 @@ def rows_of(groups):
             for (g, m), vals in groups.items() for s, v in enumerate(vals)]
 
 
-def test_paired_differences_seed_by_seed():
-    rows = rows_of({("evisd", "evisd"): (0.5, 0.6, 0.7), ("grpo", "grpo"): (0.4, 0.6, 0.5)})
-    rows.append(dict(group="evisd", method="evisd", seed=9, macro=1.0, hop1=1.0, hop2=1.0))
-    rows[0]["hop1"] = None                       # a measure one run lacks
-    p = evaluate.paired_differences(rows)["evisd"]
-    assert p["baseline"] == "grpo" and p["seeds"] == [0, 1, 2]     # seed 9 has no pair
-    assert [p["diff"][s]["macro"] for s in (0, 1, 2)] == pytest.approx([0.1, 0.0, 0.2])
-    assert p["macro"] == p["intervals"]["macro"] == pytest.approx(
-        evaluate.t_interval([0.1, 0.0, 0.2]))
-    assert p["diff"][0]["hop1"] is None
-    assert p["intervals"]["hop1"] == pytest.approx(evaluate.t_interval([0.0, 0.2]))
+def test_paired_macro_seed_by_seed():
+    rows = rows_of({("evisd", "evisd"): (0.5, 0.6, 0.7), ("grpo", "grpo"): (0.4, 0.6, 0.5),
+                    ("ppo", "ppo"): (0.4,)})
+    rows.append(dict(group="evisd", method="evisd", seed=9, macro=1.0))
+    rows[-2]["macro"] = None                     # a run without a macro pairs with nothing
+    p = evaluate.paired_macro(rows)
+    assert list(p) == ["evisd"] and p["evisd"]["baseline"] == "grpo"
+    assert p["evisd"]["seeds"] == [0, 1, 2]      # seed 9 has no pair
+    assert list(p["evisd"]["diff"].values()) == pytest.approx([0.1, 0.0, 0.2])
+    assert p["evisd"]["macro"] == pytest.approx(evaluate.t_interval([0.1, 0.0, 0.2]))
     # The other way round, by name; two GRPO groups are ambiguous; an unknown name is refused.
-    back = evaluate.paired_differences(rows, baseline="evisd")["grpo"]
+    back = evaluate.paired_macro(rows, baseline="evisd")["grpo"]
     assert back["macro"][0] == pytest.approx(-0.1)
     twice = rows + [dict(r, group="grpo-lr") for r in rows if r["group"] == "grpo"]
-    assert evaluate.paired_differences(twice) == {}
-    with pytest.raises(SystemExit, match="no such run group; have evisd, grpo"):
-        evaluate.paired_differences(rows, baseline="ppo")
+    assert evaluate.paired_macro(twice) == {}
+    with pytest.raises(SystemExit, match="no such run group; have evisd, grpo, ppo"):
+        evaluate.paired_macro(rows, baseline="a2c")
 
 
 def test_quick_check_macro_is_the_mean_of_one_and_two_hop_em():
@@ -86,6 +85,6 @@ def test_main_prints_em_by_hops_and_the_paired_macro(tmp_path, monkeypatch, caps
             f"{0.15 + half:+.3f}]") in printed[-1]
     got = json.load(open(js))
     assert [r["run"] for r in got["runs"]] == list(rows)
-    assert got["paired"]["evisd"]["keys"] == list(evaluate.PAIRED_KEYS)
+    assert got["paired"]["evisd"]["diff"] == pytest.approx({"0": 0.1, "1": 0.2})
     with pytest.raises(SystemExit, match="no such run directory: nowhere"):
         evaluate.main(["nowhere"])

@@ -6,7 +6,7 @@
 Per seed: the warm-up's held-out macro, each method's EM and learning-speed measures, and each
 run's wall time (warm-up, the 60 RL steps alone, and the whole run from its start in the
 protocol's log to its last log write, held-out evaluation included); then the dose-response
-over eps on the seeds that have it. Reads evaluate.py's --json output; trains nothing.
+over eps on the seeds that have it. Reads lab/report.py's --json output; trains nothing.
 """
 import datetime
 import json
@@ -17,7 +17,6 @@ import sys
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
 from lab import curves, report  # noqa: E402
-import evaluate   # noqa: E402
 
 
 def wall_times(out):
@@ -67,12 +66,12 @@ def dose_table(rows, paired):
     groups = [g for g in ("evisd", "evisd-eps0.5", "evisd-eps1.0") if g in paired]
     seeds = sorted(set.intersection(*(set(paired[g]["seeds"]) for g in groups)))
     # The eps runs cover only some seeds: every group is paired on those alone.
-    shared = evaluate.paired_differences([r for r in rows if r["seed"] in seeds])
+    shared = report.paired_differences([r for r in rows if r["seed"] in seeds])
     lines = [f"| measure (− GRPO, seeds {', '.join(map(str, seeds))}) | "
              + " | ".join(groups) + " |",
              "|---" * (len(groups) + 1) + "|"]
-    for k in evaluate.PAIRED_KEYS:
-        cells = [evaluate.fmt_interval(*shared[g]["intervals"][k])
+    for k in report.PAIRED_KEYS:
+        cells = [report.fmt_interval(*shared[g]["intervals"][k])
                  if k in shared[g]["intervals"] else "–" for g in groups]
         lines.append(f"| {k} | " + " | ".join(cells) + " |")
     return "\n".join(lines)

@@ -5,7 +5,7 @@ by lab/packs.py), so it can be rebuilt on any machine, checkpoints or not.
 
 Three tables: each method's own held-out EM (mean over its seeds); every method against GRPO on
 the seeds both have, and every peer against EviSD on the seeds both have (the protocol's two
-readings): the mean paired difference and its 95% t-interval (evaluate.paired_differences) for
+readings): the mean paired difference and its 95% t-interval (report.paired_differences) for
 held-out macro, 1-hop and 2-hop EM (18 worlds) and for learning speed (lab/curves.py: clear step
 of each habit, the quick check's area), with the number of seeds, the sd of the macro
 differences and the half-width reached. --plot draws the learning curves of every run from the
@@ -18,7 +18,6 @@ import sys
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
 from lab import curves, report  # noqa: E402
 from lab import packs  # noqa: E402
-import evaluate   # noqa: E402
 
 WORLDS = 18          # protocol-v4.sh's EVAL_WORLDS_V4
 METHODS = ("evisd", "rlsd", "opsd", "sdar", "sd_search", "bicaa")
@@ -59,9 +58,9 @@ def means(all_rows):
 
 def table(all_rows, baseline="grpo", methods=METHODS):
     """Paired differences of `methods` against `baseline`, one row per method."""
-    keys = evaluate.PAIRED_KEYS + curves.SPEED_KEYS
-    paired = evaluate.paired_differences(all_rows, baseline, keys)
-    fmt = evaluate.fmt_interval
+    keys = report.PAIRED_KEYS + curves.SPEED_KEYS
+    paired = report.paired_differences(all_rows, baseline, keys)
+    fmt = report.fmt_interval
     name = {"grpo": "GRPO", "evisd": "EviSD"}.get(baseline, baseline)
     lines = [f"| method | seeds | macro − {name} [95%] | sd | half-width | 1-hop | 2-hop | "
              "premature clear | partial clear | quick-check area |",

@@ -8,7 +8,7 @@ protocol-v5.sh still runs.
 Tables, as protocol-v5.sh fixes them: the headline, EviSD - GRPO over every seed that has both;
 the paper's ablation table with our column, each row and dose against EviSD on the seeds both
 have (and against GRPO), the paired mean difference of held-out macro EM with its 95% t-interval
-(evaluate.paired_differences), the sd, the half-width reached, the protocol's decision, and
+(report.paired_differences), the sd, the half-width reached, the protocol's decision, and
 whether the paper's figure (points / 100) lies inside; each group's own EM; learning speed
 (lab/curves.py). Runs missing from the records are listed. Trains and evaluates nothing.
 """
@@ -86,7 +86,7 @@ def decide(mean, low, high):
 
 def paired_line(p, key="macro"):
     """(cells of the macro comparison: mean [95%], sd, half-width, seeds for ±0.008 and the
-    decision) of one evaluate.paired_differences entry."""
+    decision) of one report.paired_differences entry."""
     mean, low, high = p["intervals"][key]
     diffs = [p["diff"][s][key] for s in p["seeds"] if p["diff"][s][key] is not None]
     sd = statistics.stdev(diffs) if len(diffs) > 1 else None
@@ -95,13 +95,13 @@ def paired_line(p, key="macro"):
 
 
 def fmt_interval(mean, low, high):
-    return evaluate.fmt_interval(mean, low, high)
+    return report.fmt_interval(mean, low, high)
 
 
 def headline(records):
     """EviSD - GRPO over every seed that has both."""
-    keys = evaluate.PAIRED_KEYS + ("hop3",) + curves.SPEED_KEYS   # 3-hop: the protocol's "also"
-    p = evaluate.paired_differences(records, "grpo", keys).get("evisd")
+    keys = report.PAIRED_KEYS + ("hop3",) + curves.SPEED_KEYS   # 3-hop: the protocol's "also"
+    p = report.paired_differences(records, "grpo", keys).get("evisd")
     if not p:
         return "no seed has both GRPO and EviSD yet"
     mean, low, high, sd, half = paired_line(p)
@@ -123,7 +123,7 @@ def other_measures(records):
     answers' area), paired by seed, mean [95%]."""
     keys = ("hop1", "hop2", "hop3", "quick_area", "premature_area")
     mine = [r for r in records if r["seed"] in set(ROW_SEEDS)]
-    vs_evisd = evaluate.paired_differences(mine, "evisd", keys)
+    vs_evisd = report.paired_differences(mine, "evisd", keys)
     lines = ["| − EviSD [95%] | seeds | " + " | ".join(keys) + " |",
              "|---" * (len(keys) + 2) + "|"]
     for group, what, *_ in ROWS:
@@ -153,9 +153,9 @@ def readme_cells(records):
         return f"**{points(*p['macro'])} {better if verdict == 'helps' else worse}**"
 
     seeds = set(ROW_SEEDS)
-    vs_evisd = evaluate.paired_differences([r for r in records if r["seed"] in seeds], "evisd")
+    vs_evisd = report.paired_differences([r for r in records if r["seed"] in seeds], "evisd")
     cells = {}
-    p = evaluate.paired_differences(records, "grpo").get("evisd")
+    p = report.paired_differences(records, "grpo").get("evisd")
     if p:
         cells["(the default)"] = (f"− GRPO: {cell(p, 'helps', 'hurts')} "
                                   f"({len(p['seeds'])} seeds)")
@@ -174,8 +174,8 @@ def ablation(records):
     GRPO), paired by seed, on the seeds both have."""
     seeds = set(ROW_SEEDS)
     mine = [r for r in records if r["seed"] in seeds]
-    vs_evisd = evaluate.paired_differences(mine, "evisd")
-    vs_grpo = evaluate.paired_differences(mine, "grpo")
+    vs_evisd = report.paired_differences(mine, "evisd")
+    vs_grpo = report.paired_differences(mine, "grpo")
     lines = ["| the paper's row | override | paper (7B, one run) | seeds | ours: − EviSD, macro "
              "[95%] | sd | half-width | seeds for ±0.015 | decision | paper inside? | "
              "ours: − GRPO [95%] |", "|---|---|---|---|---|---|---|---|---|---|---|"]

@@ -533,8 +533,7 @@ def test_standin_runs_rl_and_evaluate_on_hotpotqa(standin_dir, tmp_path, capsys)
                 and row["macro"] == row["em"])
         assert (row["em_ci"][0] <= row["em"] <= row["em_ci"][1]
                 and row["f1_ci"][0] <= row["f1"] <= row["f1_ci"][1])
-    assert (got["paired"]["evisd"]["seeds"] == [0]
-            and got["paired"]["evisd"]["diff"]["0"]["hop1"] is None)
+    assert got["paired"]["evisd"]["seeds"] == [0]
     printed = capsys.readouterr().out
     assert "\n  f1    " in printed and "evisd − grpo, paired by seed" in printed
     report.main(list(runs.values()))          # the lab's tables, from the cached EM

@@ -11,10 +11,31 @@ import pytest
 import evaluate
 import runs
 from lab import credit, curves, report
+from test_evaluate import rows_of
 from test_faults import finished, run_copy  # noqa: F401 (fixtures: a finished tiny run, copied)
 from test_train import run
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def test_paired_differences_seed_by_seed():
+    rows = rows_of({("evisd", "evisd"): (0.5, 0.6, 0.7), ("grpo", "grpo"): (0.4, 0.6, 0.5)})
+    rows.append(dict(group="evisd", method="evisd", seed=9, macro=1.0, hop1=1.0, hop2=1.0))
+    rows[0]["hop1"] = None                       # a measure one run lacks
+    p = report.paired_differences(rows)["evisd"]
+    assert p["baseline"] == "grpo" and p["seeds"] == [0, 1, 2]     # seed 9 has no pair
+    assert [p["diff"][s]["macro"] for s in (0, 1, 2)] == pytest.approx([0.1, 0.0, 0.2])
+    assert p["macro"] == p["intervals"]["macro"] == pytest.approx(
+        evaluate.t_interval([0.1, 0.0, 0.2]))
+    assert p["diff"][0]["hop1"] is None
+    assert p["intervals"]["hop1"] == pytest.approx(evaluate.t_interval([0.0, 0.2]))
+    # The other way round, by name; two GRPO groups are ambiguous; an unknown name is refused.
+    back = report.paired_differences(rows, baseline="evisd")["grpo"]
+    assert back["macro"][0] == pytest.approx(-0.1)
+    twice = rows + [dict(r, group="grpo-lr") for r in rows if r["group"] == "grpo"]
+    assert report.paired_differences(twice) == {}
+    with pytest.raises(SystemExit, match="no such run group; have evisd, grpo"):
+        report.paired_differences(rows, baseline="ppo")
 
 
 def test_speed_pairs_like_em_and_the_summary_table():
@@ -22,14 +43,14 @@ def test_speed_pairs_like_em_and_the_summary_table():
             for g, m, vals in (("evisd", "evisd", (0.5, 0.6, 0.7)),
                                ("grpo", "grpo", (0.4, 0.6, 0.5)))
             for s, v in enumerate(vals)]
-    keys = evaluate.PAIRED_KEYS + curves.SPEED_KEYS
-    p = evaluate.paired_differences(rows, keys=keys)["evisd"]
+    keys = report.PAIRED_KEYS + curves.SPEED_KEYS
+    p = report.paired_differences(rows, keys=keys)["evisd"]
     assert "partial_clear" not in p["intervals"]              # not logged: no interval
     # Learning speed pairs the same way, over the seeds that have it.
     for r in rows:
         r["partial_clear"] = {("evisd", 0): 5, ("evisd", 1): 8, ("grpo", 0): 9,
                               ("grpo", 1): 8}.get((r["group"], r["seed"]))
-    p = evaluate.paired_differences(rows, keys=keys)["evisd"]
+    p = report.paired_differences(rows, keys=keys)["evisd"]
     assert [p["diff"][s]["partial_clear"] for s in (0, 1, 2)] == [-4, 0, None]
     assert p["intervals"]["partial_clear"] == pytest.approx(evaluate.t_interval([-4, 0]))
     table = report.summary_table(rows, {"evisd": p})

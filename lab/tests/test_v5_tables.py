@@ -48,7 +48,7 @@ def test_headline_is_the_paired_records(tables, records, packed):
     seeds = [s for s in range(30) if f"grpo-s{s}" in packed and f"evisd-s{s}" in packed]
     assert len(seeds) >= 2
     diffs = [macro_of(packed, f"evisd-s{s}") - macro_of(packed, f"grpo-s{s}") for s in seeds]
-    p = evaluate.paired_differences(records, "grpo")["evisd"]
+    p = report.paired_differences(records, "grpo")["evisd"]
     mean, low, high = p["macro"]
     assert p["seeds"] == seeds
     assert mean == pytest.approx(statistics.mean(diffs), abs=1e-12)
@@ -58,7 +58,7 @@ def test_headline_is_the_paired_records(tables, records, packed):
 
 def test_rows_pair_with_evisd_seed_by_seed(tables, records, packed):
     # Every row's difference on a seed is its run's macro minus that seed's EviSD run's.
-    vs_evisd = evaluate.paired_differences(records, "evisd")
+    vs_evisd = report.paired_differences(records, "evisd")
     for group, *_ in tables.ROWS:
         for s in vs_evisd[group]["seeds"]:
             expected = macro_of(packed, f"{group}-s{s}") - macro_of(packed, f"evisd-s{s}")
