@@ -1,10 +1,7 @@
-"""The supervised warm-up: imitate the toy world's expert before RL, cached on disk.
-
-A random model cannot search, so RL would see reward 0 everywhere. The warm-up fits it to expert
-transcripts with slips and habits that only the reward can correct, some clean ones under EviSD's
-privileged context, so the model has read gold evidence and golden answers before its teacher is
-asked to. It is cached by ``KEYS``: the GRPO and EviSD runs of a seed start from the same weights.
-"""
+"""The supervised warm-up: a random model cannot search, so RL would see reward 0 everywhere. It
+imitates the toy world's expert, slips and habits only the reward corrects, and clean demonstrations
+under EviSD's privileged context (gold evidence and golden answers are read before a teacher is
+asked to). Cached by ``KEYS``: a seed's GRPO and EviSD runs start from the same weights."""
 import hashlib
 import json
 import math
@@ -29,9 +26,8 @@ KEYS = ("MODEL", "SEED", "PREV_TOKEN_INIT", "WORLD_SCALE", "TOP_K", "MAX_TURNS",
 
 
 def batch(cfg, tokenizer, step):
-    """One warm-up batch: SFT_BATCH expert episodes from the step's world (fresh, or one of
-    SFT_REPEAT_WORLDS for the first SFT_REPEAT_STEPS steps), noisy ones and clean ones under
-    EviSD's privileged context in every placement the ablations use, with the context mask."""
+    """SFT_BATCH expert episodes of the step's world (fresh, or one of SFT_REPEAT_WORLDS for the
+    first SFT_REPEAT_STEPS steps), noisy or clean under EviSD's privileged context, and masks."""
     rng = random.Random(f"warmup-batch/{cfg['SEED']}/{step}")
     # Repeated worlds draw their questions afresh each time.
     index = step % cfg["SFT_REPEAT_WORLDS"] if step < cfg["SFT_REPEAT_STEPS"] else step
@@ -40,7 +36,6 @@ def batch(cfg, tokenizer, step):
     for _ in range(cfg["SFT_BATCH"]):
         q = rng.choice(questions)
         privileged = rng.random() < cfg["SFT_PRIVILEGED_FRAC"]
-        # A clean demonstration under the privileged context; a noisy one with its habits.
         ep = toy_world.expert_episode(
             q, world, noise=0.0 if privileged else cfg["SFT_NOISE"], rng=rng,
             max_turns=cfg["MAX_TURNS"], top_k=cfg["TOP_K"],
@@ -73,19 +68,16 @@ def privileged_demonstration(tr, evidence_ids, answer_ids, evidence_at, answer_a
     placement = {"EVISD_SPAN": "content", "ANSWER_AT": answer_at}
     searches = [evisd.block_position(s, placement) for s in tr.spans if s.kind == "search"]
     inserts = {at: evidence_ids for at in (searches if evidence_at == "every" else searches[:1])}
-    for answer in (s for s in tr.spans if s.kind == "answer"):
-        at = evisd.block_position(answer, placement)
+    for at in (evisd.block_position(s, placement) for s in tr.spans if s.kind == "answer"):
         inserts[at] = inserts.get(at, []) + answer_ids
-    ids, student_pos = evisd.insert_blocks(tr.ids, inserts)
     out = rollout.Transcript(tr.ids[:tr.prompt_len])
-    out.ids = ids
+    out.ids, student_pos = evisd.insert_blocks(tr.ids, inserts)
     out.gen = [tr.gen[p] if p >= 0 else 0 for p in student_pos]
     out.info = [tr.info[p] if p >= 0 else 1 for p in student_pos]    # read, never written
     out.kind = [tr.kind[p] if p >= 0 else 0 for p in student_pos]
 
     def moved(p, first=True):
-        """Where position p lands: after the blocks inserted before it, and at it if p is a
-        range's first token (not an exclusive end)."""
+        """Where p lands: past the blocks inserted before it, and at it unless p ends a range."""
         return p + sum(len(block) for at, block in inserts.items() if at < p + first)
     out.spans = [s._replace(start=moved(s.start), action=moved(s.action),
                             content_start=moved(s.content_start),
@@ -101,9 +93,8 @@ def cache_path(cfg):
 
 
 def run(cfg, policy, tokenizer, rank=0):
-    """Fit ``policy`` to expert transcripts, or load the cached result: the loss on its own tokens
-    plus SFT_CONTEXT_LOSS times that on the tokens it reads. Returns the warm-up's path (a
-    pretrained model with SFT_STEPS=0: the model's name, no copy of its weights on disk)."""
+    """Fit ``policy`` to expert transcripts, or load the cached result. Returns the warm-up's path
+    (a pretrained model with SFT_STEPS=0: the model's name, no copy of its weights on disk)."""
     if cfg["SFT_STEPS"] == 0 and cfg["MODEL"] not in model.SIZES:
         return cfg["MODEL"]
     path = cache_path(cfg)
@@ -137,8 +128,7 @@ def fit(cfg, policy, tokenizer, path):
         b = batch(cfg, tokenizer, step)
         n_gen, n_context, loss = b["gen_mask"].sum(), b["context_mask"].sum(), 0.0
         optimizer.zero_grad(set_to_none=True)
-        # Four quarters sorted by length, each padded to its own longest: one batch's gradient
-        # on far fewer padding tokens.
+        # Four quarters sorted by length, each padded to its own longest: far fewer padding tokens.
         for rows in b["attention_mask"].sum(1).argsort().chunk(4):
             width = int(b["attention_mask"][rows].sum(1).max())
             keys = ("input_ids", "attention_mask", "gen_mask", "context_mask")
