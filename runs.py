@@ -1,11 +1,8 @@
 """Run plumbing, so that train.py can be the loop: the config (``--NAME=value`` overrides and
-preset files, checked against the caller's schema), processes, device and seeds, checkpoints
-(written atomically, the last two kept, read back with a fallback), resume checks, the metrics
-log, and ``lab``, the one way the core reaches the lab folder.
-
-A checkpoint is a Hugging Face directory (model, tokenizer) with ``state.pt`` beside them
-(optimizer, step, config); a run directory holds its last two ``ckpt-NNNNNN``,
-``metrics.jsonl`` (a JSON row per step or evaluation) and ``config.json``.
+preset files, checked against the caller's schema), processes, device and seeds, checkpoints,
+resume checks, the metrics log, and ``lab``, the one way the core reaches the lab folder.
+A checkpoint is a Hugging Face directory with ``state.pt`` (optimizer, step, config) beside it;
+a run directory holds its last two ``ckpt-NNNNNN``, ``metrics.jsonl`` and ``config.json``.
 """
 import ast
 import hashlib
@@ -42,10 +39,8 @@ def fraction():
 
 @dataclass
 class Schema:
-    """What a config may hold beyond the defaults' types: ``choices`` (allowed values), ``limits``
-    (name -> (test, what is allowed), checked once "auto" is resolved), ``auto`` (name ->
-    (embedded model's value, HF model's value)) and ``checks`` (functions of the whole config
-    that stop on settings that do not go together)."""
+    """Beyond the defaults' types: ``choices``, ``limits`` (name -> (test, what is allowed), once
+    "auto" is resolved), ``auto`` (name -> (embedded, HF value)), ``checks`` (stop on clashes)."""
     choices: dict = field(default_factory=dict)
     limits: dict = field(default_factory=dict)
     auto: dict = field(default_factory=dict)
@@ -53,8 +48,7 @@ class Schema:
 
 
 def check_setting(name, value, text, defaults, schema, where=""):
-    """``value`` if its type is the default's (an int is fine for a float); otherwise stop with a
-    message naming the setting, ``text`` (as written, at ``where``) and what is allowed."""
+    """``value`` if its type is the default's (an int will do for a float), else stop saying why."""
     if name not in defaults:
         raise SystemExit(f"{where}unknown setting {name!r}; allowed: {', '.join(sorted(defaults))}")
     default = defaults[name]
@@ -65,10 +59,9 @@ def check_setting(name, value, text, defaults, schema, where=""):
     if isinstance(default, float) and isinstance(value, int) and not isinstance(value, bool):
         value = float(value)
     if type(value) is not type(default):
-        like = (f"like {default!r} or \"auto\"" if name in schema.auto
-                else f"like the default {default!r}")
+        like = f"{default!r} or \"auto\"" if name in schema.auto else f"the default {default!r}"
         raise SystemExit(f"{where}{name}={text!r}: expected {type(default).__name__} "
-                         f"{like}, got {type(value).__name__}")
+                         f"like {like}, got {type(value).__name__}")
     if name in schema.choices and value not in schema.choices[name]:
         raise SystemExit(f"{where}{name}={value!r}: allowed values are "
                          f"{', '.join(schema.choices[name])}")
@@ -76,8 +69,7 @@ def check_setting(name, value, text, defaults, schema, where=""):
 
 
 def read_config_file(path, defaults, schema):
-    """A preset file's ``NAME = literal`` lines, parsed with ast and never executed, so that a
-    config file cannot run code."""
+    """A preset file's ``NAME = literal`` lines, parsed with ast, never executed."""
     if not os.path.isfile(path):
         raise SystemExit(f"no config file {path!r}; the presets are config/*.py")
     source = open(path).read()
@@ -105,8 +97,7 @@ def read_config_file(path, defaults, schema):
 
 
 def parse_overrides(argv, defaults, schema):
-    """(config, resume, overwrite): config files and ``--NAME=value`` overrides in order (a later
-    one wins), "auto" resolved, every setting checked before any work starts."""
+    """(config, resume, overwrite): files and overrides in order, "auto" resolved, all checked."""
     config, flags = dict(defaults), set()
     for arg in argv:
         if arg in ("--resume", "--overwrite"):
@@ -126,9 +117,8 @@ def parse_overrides(argv, defaults, schema):
     if flags == {"resume", "overwrite"}:
         raise SystemExit("--resume continues the run in OUT_DIR and --overwrite deletes it: "
                          "give one")
-    device = config["DEVICE"]
-    if not (device in ("auto", "cpu", "cuda") or re.fullmatch(r"cuda:\d+", device)):
-        raise SystemExit(f"DEVICE={device!r}: allowed values are auto, cpu, cuda, cuda:N")
+    if not re.fullmatch(r"auto|cpu|cuda(:\d+)?", config["DEVICE"]):
+        raise SystemExit(f"DEVICE={config['DEVICE']!r}: allowed values are auto, cpu, cuda, cuda:N")
     resolve_auto(config, schema)
     # Every number is >= 0 unless schema.limits says more.
     limits = {name: at_least(0) for name, value in config.items()
@@ -141,16 +131,14 @@ def parse_overrides(argv, defaults, schema):
     if (path not in model.SIZES and os.path.isdir(path)
             and not os.path.exists(os.path.join(path, "config.json"))):
         raise SystemExit(f"MODEL={path!r}: this directory has no config.json, so it is not a "
-                         "Hugging Face model directory; the embedded models are "
-                         f"{', '.join(model.SIZES)}")
+                         f"Hugging Face model directory; embedded models: {', '.join(model.SIZES)}")
     for check in schema.checks:        # last: a check may read files (real_data.check_config)
         check(config)
     return config, "resume" in flags, "overwrite" in flags
 
 
 def resolve_auto(config, schema):
-    """Every "auto" setting made concrete, here and nowhere else: ``schema.auto``'s for the model,
-    the device (CUDA if there is one) and the dtype (bf16 on a CUDA device that has it)."""
+    """Every "auto" made concrete, here and nowhere else: schema.auto's by model, DEVICE, DTYPE."""
     embedded = config["MODEL"] in model.SIZES
     for name, (for_embedded, for_hf) in schema.auto.items():
         if config[name] == "auto":
@@ -163,8 +151,7 @@ def resolve_auto(config, schema):
 
 
 def lab(module, feature):
-    """``lab.<module>``, imported where ``feature`` switches it on; without the lab folder, one
-    line saying what the feature needs."""
+    """``lab.<module>`` for ``feature``; without the lab folder, a line saying what it needs."""
     try:
         return importlib.import_module(f"lab.{module}")
     except ModuleNotFoundError as e:
@@ -176,8 +163,7 @@ def lab(module, feature):
 
 # ------------------------------------------------------------------------- processes, device, seeds
 def setup(cfg):
-    """(rank, world_size, device, dtype). Under torchrun each process is a rank of a
-    data-parallel group (NCCL on CUDA, gloo on the CPU)."""
+    """(rank, world_size, device, dtype); under torchrun, a rank of a data-parallel group."""
     if "RANK" in os.environ and "WORLD_SIZE" in os.environ:
         dist.init_process_group("nccl" if cfg["DEVICE"].startswith("cuda") else "gloo")
     rank, world_size = rank_and_size()
@@ -215,13 +201,11 @@ def pick_device(cfg):
 
 
 def all_reduce_gradients(policy):
-    """Average the gradients over the ranks (what DDP does, in the open): every rank then takes
-    the same optimizer step and the weights stay identical."""
-    world_size = dist.get_world_size()
+    """Average the gradients over the ranks, as DDP does: every rank takes the same step."""
     for p in policy.parameters():
         if p.grad is not None:
             dist.all_reduce(p.grad)
-            p.grad /= world_size
+            p.grad /= dist.get_world_size()
 
 
 def seed_everything(*parts):
@@ -253,17 +237,15 @@ def load_weights(policy, path):
 
 
 def checkpoints(out_dir):
-    """A run's ``ckpt-NNNNNN`` directories, oldest first; the ``.tmp`` and ``.old`` leftovers of
-    an interrupted save are not checkpoints."""
+    """A run's ``ckpt-NNNNNN`` directories, oldest first (not an interrupted save's .tmp, .old)."""
     names = ([n for n in os.listdir(out_dir) if re.fullmatch(r"ckpt-\d+", n)]
              if os.path.isdir(out_dir) else [])
     return [os.path.join(out_dir, n) for n in sorted(names, key=lambda n: int(n[5:]))]
 
 
 def save_checkpoint(out_dir, step, policy, tokenizer, state):
-    """``ckpt-<step>`` with ``state``; no RNG states, as every RL step seeds its own from (SEED,
-    step, rank). The newest two are kept (an older one to fall back on if the newest is damaged);
-    older ones and interrupted saves' leftovers go."""
+    """``ckpt-<step>`` with ``state`` (no RNG states: every RL step seeds its own); the newest two
+    are kept, one to fall back on if the other is damaged, and older ones and leftovers go."""
     atomic_save(os.path.join(out_dir, f"ckpt-{step:06d}"), policy, tokenizer,
                 dict(state, step=step))
     kept = checkpoints(out_dir)[-2:]
@@ -289,13 +271,10 @@ def load_checkpoint(out_dir):
         try:
             policy, tok = model.load_model(path, local_files_only=True)
             state = torch.load(os.path.join(path, "state.pt"), weights_only=False)
-            missing = [k for k in ("step", "bad_steps", "optimizer", "config") if k not in state]
-            if missing:
+            if missing := sorted({"step", "bad_steps", "optimizer", "config"} - set(state)):
                 raise KeyError(f"state.pt has no {', '.join(missing)}")
             return path, policy, tok, state
-        # A damaged file fails in many ways (OSError, a zip, pickle or safetensors error, ...): any
-        # means it is unusable.
-        except Exception as e:
+        except Exception as e:      # damage fails in many ways (OSError, zip, pickle, safetensors)
             why = (str(e).strip().splitlines() or [""])[0]
             print(f"warning: checkpoint {path} is unreadable ({type(e).__name__}: {why}); "
                   "trying an older one", file=sys.stderr)
@@ -303,8 +282,7 @@ def load_checkpoint(out_dir):
 
 
 def load_run(run_dir):
-    """(model, tokenizer, config, warm-up checkpoint path) of a run's newest readable checkpoint,
-    or of a checkpoint directory itself (a ``ckpt-*`` or a warm-up's ``sft-*``)."""
+    """(model, tokenizer, config, warm-up path) of a run's newest checkpoint, or of a checkpoint."""
     if os.path.exists(os.path.join(run_dir, "state.pt")):
         policy, tok = model.load_model(run_dir, local_files_only=True)
         state = torch.load(os.path.join(run_dir, "state.pt"), weights_only=False)
@@ -317,8 +295,7 @@ def load_run(run_dir):
 
 # ----------------------------------------------------------------------------- the run directory
 class Terminated(KeyboardInterrupt):
-    """SIGTERM, from a scheduler or a preemptible machine: the run saves as on Ctrl-C, then
-    exits with the status a SIGTERM gives, 128 + 15, which is what schedulers expect."""
+    """SIGTERM (a scheduler, a preemptible machine): saved as on Ctrl-C, exit status 128 + 15."""
 
 
 def stop_on_sigterm(signum, frame):
@@ -327,49 +304,16 @@ def stop_on_sigterm(signum, frame):
 
 
 def open_run(cfg, resume, overwrite, run_keys, defaults, rank):
-    """Make OUT_DIR ready: stop before a fresh run writes over another; with --resume, read its
-    newest checkpoint (load_checkpoint's, or None) and stop if it is another run. A setting
-    missing from its config, saved before the setting existed, reads as the default."""
+    """Make OUT_DIR ready: a fresh run stops before writing over another (--overwrite deletes it);
+    --resume reads the newest checkpoint (or None) and stops if it is another run."""
     out = cfg["OUT_DIR"]
-    check_out_dir(out, resume, overwrite, rank)
-    resumed = load_checkpoint(out) if resume else None
-    if resumed:
-        saved = {**defaults, **resumed[3]["config"]}
-        # a moved run directory is the same run
-        diff = {k: f"{k}={cfg[k]!r} (checkpoint: {saved.get(k)!r})" for k in cfg
-                if k != "OUT_DIR" and saved.get(k) != cfg[k]}
-        if defining := [v for k, v in diff.items() if k in run_keys]:
-            raise SystemExit(f"--resume: {resumed[0]} is another run: {', '.join(defining)}. "
-                             "Resume with the checkpoint's values, or start a new run in another "
-                             "OUT_DIR.")
-        if diff and rank == 0:
-            print(f"--resume: continuing {resumed[0]} with changed settings: "
-                  f"{', '.join(diff.values())}")
-        # SIZES may change with the code
-        c, want = resumed[1].config, model.SIZES.get(cfg["MODEL"])
-        if want and want != (c.hidden_size, c.num_hidden_layers, c.num_attention_heads,
-                             c.num_key_value_heads, c.intermediate_size):
-            raise SystemExit(f"--resume: {resumed[0]} holds a {cfg['MODEL']} model of another "
-                             f"shape than today's model.SIZES {want}: start a new run in another "
-                             "OUT_DIR, or resume with the code that wrote it.")
-    elif resume and rank == 0:
-        print(f"--resume: no readable checkpoint in {out}; starting again from the warm-up")
-    os.makedirs(out, exist_ok=True)
-    return resumed
-
-
-def check_out_dir(out, resume, overwrite, rank):
-    """Stop before a fresh run writes over the one already in ``out``; --overwrite deletes it."""
-    if resume or not os.path.isdir(out):
-        return
-    held = [os.path.basename(c) for c in checkpoints(out)]
-    rows = read_metrics(out)
+    held = [] if resume else [os.path.basename(c) for c in checkpoints(out)]
+    rows = [] if resume else read_metrics(out)
     if rows:
         held.append(f"metrics.jsonl with {len(rows)} rows")
     if held and not overwrite:
         raise SystemExit(f"{out} already holds a run ({', '.join(held)}). Continue it with "
-                         "--resume, give another --OUT_DIR, or pass --overwrite to delete it and "
-                         "start again.")
+                         "--resume, give another --OUT_DIR, or --overwrite to delete it.")
     if held and rank == 0:
         print(f"--overwrite: deleting {', '.join(held)} in {out}")
         for name in os.listdir(out):
@@ -377,12 +321,32 @@ def check_out_dir(out, resume, overwrite, rank):
                 shutil.rmtree(os.path.join(out, name))
         if rows:
             os.remove(os.path.join(out, "metrics.jsonl"))
+    resumed = load_checkpoint(out) if resume else None
+    if resumed:
+        saved = {**defaults, **resumed[3]["config"]}   # a setting it lacks reads as the default
+        diff = {k: f"{k}={cfg[k]!r} (checkpoint: {saved.get(k)!r})" for k in cfg
+                if k != "OUT_DIR" and saved.get(k) != cfg[k]}   # a moved run is the same run
+        if defining := [v for k, v in diff.items() if k in run_keys]:
+            raise SystemExit(f"--resume: {resumed[0]} is another run: {', '.join(defining)}. "
+                             "Resume with the checkpoint's values, or give another OUT_DIR.")
+        if diff and rank == 0:
+            print(f"--resume: continuing {resumed[0]} with changed settings: "
+                  f"{', '.join(diff.values())}")
+        c, want = resumed[1].config, model.SIZES.get(cfg["MODEL"])   # SIZES change with the code
+        if want and want != (c.hidden_size, c.num_hidden_layers, c.num_attention_heads,
+                             c.num_key_value_heads, c.intermediate_size):
+            raise SystemExit(f"--resume: {resumed[0]} holds a {cfg['MODEL']} model of another "
+                             f"shape than today's model.SIZES {want}: give another OUT_DIR, or "
+                             "resume with the code that wrote it.")
+    elif resume and rank == 0:
+        print(f"--resume: no readable checkpoint in {out}; starting again from the warm-up")
+    os.makedirs(out, exist_ok=True)
+    return resumed
 
 
 # ----------------------------------------------------------------------------- the metrics log
 def read_metrics(run_dir):
-    """The rows of a run's metrics.jsonl. A line that is not a JSON row with a step (the torn
-    last line of a run killed mid-write) is dropped with a one-line warning."""
+    """The rows of a run's metrics.jsonl; a line not a row (a write cut short) is dropped."""
     path = os.path.join(run_dir, "metrics.jsonl")
     if not os.path.exists(path):
         return []
@@ -404,9 +368,8 @@ def read_metrics(run_dir):
 
 
 def start_metrics(run_dir, resume, start, cfg):
-    """Write config.json and begin metrics.jsonl: empty, or on --resume from ``start`` the rows the
-    resumed loop will not log again (the steps before ``start``; its quick check unless it is 0),
-    written under another name, then renamed, so that no kill leaves it half-written."""
+    """config.json, and metrics.jsonl written atomically: empty, or on --resume from ``start`` the
+    rows the loop will not log again (steps before ``start``; its quick check unless it is 0)."""
     with open(os.path.join(run_dir, "config.json"), "w") as f:
         json.dump(cfg, f, indent=1)
     path = os.path.join(run_dir, "metrics.jsonl")
