@@ -1,6 +1,5 @@
-"""The toy world: a synthetic encyclopaedia of names no pretrained model knows (the only way to
-answer is to search and copy), its questions, and the expert whose demonstrations, slips and habits
-the warm-up imitates; lab/oracle.py grades against its chain. ``python toy_world.py``: a tour."""
+"""The toy world: a synthetic encyclopaedia of names no pretrained model knows (to answer, search
+and copy), its questions, and the expert the warm-up imitates. ``python toy_world.py``: a tour."""
 import random
 from dataclasses import dataclass
 
@@ -56,10 +55,9 @@ def _unique_names(rng, owner, kind, n, make, near_dup_frac=0.0):
 
 def make_world(seed=0, n_people=120, n_cities=40, n_countries=10, n_films=60, n_companies=40,
                near_duplicate_frac=0.3, test_frac=0.2, scale=1.0):
-    """A deterministic world: one document per entity and its questions, ``scale`` times the entity
-    counts (at least 4 of each). ``train``, ``test``: 1- and 2-hop questions on disjoint first
-    entities; ``ood``: 3-hop. A fact is only in its subject's document, so a 2-hop question's text
-    does not find its second document, nor does its first document hold its answer."""
+    """A deterministic world, one document per entity (``scale`` times the counts, at least 4 each),
+    and its questions: ``train``, ``test`` 1- and 2-hop on disjoint first entities, ``ood`` 3-hop.
+    A fact is only in its subject's document, so a 2-hop question needs both of its documents."""
     if not isinstance(scale, (int, float)) or scale <= 0:
         raise ValueError(f"make_world: scale must be a number > 0, got {scale!r}")
     if scale != 1.0:
@@ -102,14 +100,12 @@ def make_world(seed=0, n_people=120, n_cities=40, n_countries=10, n_films=60, n_
     docs, doc_id, facts = [], {}, {}
 
     def add_doc(title, predicates):
-        """Each predicate once, without the title (shown beside the text), which keeps retrieved
-        information short; an expert's thought uses the full sentence 'title predicate'."""
+        """The text leaves out the title (shown beside it): short information; facts keep it."""
         doc_id[title] = f"d{len(docs):04d}"
         facts[title] = {r: f"{title} {p}" for r, p in predicates.items()}
         docs.append(Doc(doc_id[title], title, " ".join(p + "." for p in predicates.values())))
 
-    # Short documents: each fact once, plus one distractor sentence naming another entity of
-    # the same type, so the agent must read the relation, not grab the first name it sees.
+    # One distractor per document, another entity of a fact's type: the agent reads the relation.
     for p in people:
         s = {"born_in": f"was born in {born_in[p]}"}
         if p in spouse:
@@ -123,9 +119,8 @@ def make_world(seed=0, n_people=120, n_cities=40, n_countries=10, n_films=60, n_
     for k in countries:
         add_doc(k, {"is": f"is a country known for its {rng.choice(FLAVOUR)}"})
     for f in films:
-        d = director[f]
-        add_doc(f, {"directed_by": f"is a film directed by {d}",
-                    "stars": f"stars {other(people, d, spouse.get(d))}"})
+        add_doc(f, {"directed_by": f"is a film directed by {director[f]}",
+                    "stars": f"stars {other(people, director[f], spouse.get(director[f]))}"})
     for k in companies:
         add_doc(k, {"founded_by": f"is a company founded by {founder[k]}",
                     "based_in": f"is based in {based_in[k]}",
@@ -145,8 +140,7 @@ def make_world(seed=0, n_people=120, n_cities=40, n_countries=10, n_films=60, n_
         (2, "in which country was {} born?", people, ["born_in", "located_in"]),
         (2, "where was the founder of {} born?", companies, ["founded_by", "born_in"]),
         (2, "in which country is {} based?", companies, ["based_in", "located_in"]),
-        (2, "where was the spouse of {} born?", list(spouse), ["married_to", "born_in"]),
-    ]
+        (2, "where was the spouse of {} born?", list(spouse), ["married_to", "born_in"])]
     # 3 hops: on from a 2-hop question's birthplace to its country
     templates += [(3, t.replace("where", "in which country"), pool, chain + ["located_in"])
                   for _, t, pool, chain in templates if t.startswith("where was the")]
@@ -156,16 +150,15 @@ def make_world(seed=0, n_people=120, n_cities=40, n_countries=10, n_films=60, n_
     questions = []
     for hops, template, pool, chain in templates:
         for subject in pool:
-            entity, queries, sentences = subject, [], []
+            entity, queries = subject, []
             for r in chain:
                 queries.append(entity)
-                sentences.append(facts[entity][r])
                 entity = rel[r][entity]
             split = "ood" if hops == 3 else ("test" if subject in test_subjects else "train")
             questions.append(Question(
                 qid=f"w{seed}-q{len(questions):04d}", question=template.format(subject),
                 answers=[entity], evidence=[doc_id[e] for e in queries], hops=hops, split=split,
-                hop_queries=queries, hop_facts=sentences))
+                hop_queries=queries, hop_facts=[facts[e][r] for e, r in zip(queries, chain)]))
     return World(docs, questions, seed=seed)
 
 
@@ -196,11 +189,9 @@ def _follow(world, title, fact, subject, value):
 def expert_episode(question, world, noise=0.0, rng=None, max_turns=4, top_k=3, stop_early=0.0,
                    partial_name=0.0):
     """A demonstration through the real env: search each hop's entity, answer (1.0 with all knobs
-    at 0). ``noise``: the chance of one slip (a vague first query then a retry, a skipped hop, a
-    guess before any search). Two habits, kept by imitation even greedily, that only the reward
-    corrects: ``stop_early`` answers a multi-hop question a hop early (a wrong *decision*);
-    ``partial_name`` searches the chain's first person by first name and follows the first
-    document stating the needed fact, usually someone else's (a wrong *query*)."""
+    at 0). ``noise``: the chance of one slip (a vague first query, a skipped hop, a guess). Habits
+    that imitation keeps and only the reward corrects: ``stop_early`` answers a hop early (a wrong
+    *decision*), ``partial_name`` searches a person by the first name alone (a wrong *query*)."""
     if not question.hop_queries:
         raise ValueError(f"question {question.qid} has no expert chain (synthetic worlds only)")
     rng = rng or random.Random(0)
@@ -211,24 +202,19 @@ def expert_episode(question, world, noise=0.0, rng=None, max_turns=4, top_k=3, s
         turns.append(f"{THINK} {thought}. {THINK_END}{action}")
         observations.append(env.step(turns[-1]).observation)
 
-    def search(thought, query):
-        act(thought, f"{SEARCH} {query} {SEARCH_END}")
-
-    if stop_early and len(question.hop_queries) > 1 and rng.random() < stop_early:
-        mistake = "skip"
-    else:
-        mistake = rng.choice(("vague", "skip", "early")) if rng.random() < noise else None
+    hops, chain = len(question.hop_queries), question.hop_queries + question.answers[:1]
+    mistake = "skip" if stop_early and hops > 1 and rng.random() < stop_early else None
+    if mistake is None and rng.random() < noise:
+        mistake = rng.choice(("vague", "skip", "early"))
     if mistake == "early":
         act("i think i know it", f"{ANSWER} {rng.choice(world.docs).title} {ANSWER_END}")
         return Episode(question, turns, observations, env.reward, env.answer)
-    hops, chain = len(question.hop_queries), question.hop_queries + question.answers[:1]
     if mistake == "skip" and hops > 1:
         hops -= 1
-    partial_hop = None
-    if partial_name and rng.random() < partial_name:
-        partial_hop = next((i for i in range(hops) if _is_person(world, chain[i])), None)
+    partial = partial_name and rng.random() < partial_name    # this episode has the habit
+    partial_hop = next((i for i in range(hops) if partial and _is_person(world, chain[i])), None)
     if mistake == "vague":
-        search("search the question", chain[0].split()[0])
+        act("search the question", f"{SEARCH} {chain[0].split()[0]} {SEARCH_END}")
     entity, fact = chain[0], None    # what the agent believes the current hop's subject is
     for i in range(hops):
         if env.done:
@@ -236,17 +222,16 @@ def expert_episode(question, world, noise=0.0, rng=None, max_turns=4, top_k=3, s
         thought = "i need " + entity if i == 0 else fact
         if i == partial_hop:
             first_name = entity.split()[0]
-            search(thought, first_name)
-            # it reads the first document found that states the fact it needs ...
+            act(thought, f"{SEARCH} {first_name} {SEARCH_END}")
+            # it reads the first found document stating the fact it needs, or searches the full name
             found = [d.title for d in world.search(first_name, top_k)
                      if _follow(world, d.title, question.hop_facts[i], chain[i], chain[i + 1])]
             read = found[0] if found else entity
-            # ... or, finding none, searches the full name after all (if a turn is left)
             if not found and not env.done:
-                search("search the full name", entity)
+                act("search the full name", f"{SEARCH} {entity} {SEARCH_END}")
         else:
             read = entity
-            search(thought, entity)
+            act(thought, f"{SEARCH} {entity} {SEARCH_END}")
         fact, entity = _follow(world, read, question.hop_facts[i], chain[i], chain[i + 1])
     if not env.done:       # entity is the answer, or the bridge when a hop was skipped
         act(fact, f"{ANSWER} {entity} {ANSWER_END}")
