@@ -120,6 +120,11 @@ def table(result):
             lines.append(f"| {kind} | {v['tokens']} | {v['share']:.3f} | "
                          f"{v['max_gap_error']:.3f} | {v['p99_gap_error']:.3f} | "
                          f"{v['p50_gap']:.3f} | {v['p99_gap']:.2f} |")
+        else:
+            lines.append(f"| {kind} | 0 |" + " – |" * 5)
+    if not any(v["tokens"] for v in result.values()):
+        lines.append("\nno episode with A ≠ 0 wrote a search or an answer: nothing to measure "
+                     "(more --batches; --experts scores noisy expert episodes instead)")
     return "\n".join(lines)
 
 

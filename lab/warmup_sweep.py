@@ -12,8 +12,9 @@ chosen (never on the held-out ones).
     # every row so far
     python lab/warmup_sweep.py --table
 
-One JSON row per (recipe, seed) is appended to out/sweep/results.jsonl as each seed ends, so an
-interrupted sweep keeps what it finished; a finished warm-up is never trained twice.
+One JSON row per (recipe, seed) is appended to out/sweep/results.jsonl (``--out`` names another
+folder) as each seed ends, so an interrupted sweep keeps what it finished; a finished warm-up is
+never trained twice.
 """
 import argparse
 import functools
@@ -66,7 +67,7 @@ def table(rows):
 def main(argv):
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("name", nargs="?", help="the recipe's name: its warm-ups go to out/sweep/NAME/")
+    ap.add_argument("name", nargs="?", help="the recipe's name: its warm-ups go to OUT/NAME/")
     ap.add_argument("--table", action="store_true",
                     help="print every recipe's rows as one Markdown table")
     ap.add_argument("--seeds", default="0-9")
@@ -81,8 +82,10 @@ def main(argv):
     ap.add_argument("--arch", default=None,
                     help="probe only: qwen3 = the same shape with QK-norm (Qwen3)")
     ap.add_argument("--worlds", type=int, default=2, help="validation worlds to evaluate on")
+    ap.add_argument("--out", default=os.path.join(ROOT, "out", "sweep"),
+                    help="the sweep's folder: each recipe's warm-ups and results.jsonl")
     args, overrides = ap.parse_known_args(argv)
-    root = os.path.join(ROOT, "out", "sweep")
+    root = args.out
     if args.table:
         path = os.path.join(root, "results.jsonl")
         if not os.path.exists(path):
