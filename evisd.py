@@ -54,14 +54,10 @@ def evisd_correction(adv, gap, gen_mask, mask, lam, tau):
 
 
 def gated_distillation_loss(logp, teacher_logp, gen_mask, mask, coef, tau):
-    """The paper's gated-loss row, in our reading (the summary only names it): plain GRPO
-    advantages plus SDAR's gated distillation term (arXiv 2605.15155), EviSD's tau as the gate:
-
+    """The gated-loss row in our reading (the summary only names it): SDAR's term (arXiv
+    2605.15155) beside plain GRPO advantages, EviSD's tau as the gate, acting where A = 0 too:
         coef * sum_t m_t * sigmoid(tau * gap_t) * (logp_teacher_t - logp_t) / (generated tokens)
-
-    The gate is detached, so the gradient flows through the student's ``logp`` [N, T] only: a
-    gate-weighted push up on each sampled token. Unlike the bounded form it acts where A = 0.
-    """
+    The gate is detached: the gradient flows through the student's ``logp`` [N, T] only."""
     gap = (teacher_logp - logp).detach()                              # [N, T]
     per_token = torch.sigmoid(tau * gap) * (teacher_logp.detach() - logp)
     return coef * (per_token * mask.float()).sum() / gen_mask.float().sum().clamp(min=1.0)

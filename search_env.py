@@ -107,8 +107,7 @@ class World:
 
 
 class RetrieverError(SystemExit):
-    """A retriever that failed for good (a retrieval server that stopped answering): train.py
-    saves a checkpoint, then stops with this one-line message."""
+    """A retriever failed for good (a server stopped answering): train.py saves, then stops."""
 
 
 # ----------------------------------------------------------------------------- BM25
@@ -198,8 +197,7 @@ def stop_end(text):
 
 
 def format_information(docs):
-    """The exact text block the environment returns for a search. The EviSD teacher formats
-    its gold evidence with this same function, so both look alike to the model."""
+    """The block a search returns; the teacher's evidence goes through it too: both look alike."""
     if not docs:
         return f"{INFO} no results. {INFO_END}"
     # "title: text", never "[title]": byte-level BPE spells a word differently right after
@@ -221,9 +219,8 @@ class StepResult:
 
 
 class SearchEnv:
-    """One multi-turn episode for one question: each generated turn in, an observation out.
-    ``retriever`` answers its searches; ``reward`` is what training optimises, ``em`` what
-    evaluation reports (the same until ``reward`` changes)."""
+    """One episode of one question: each generated turn in, an observation out. ``reward`` is what
+    training optimises, ``em`` what evaluation reports (the same until ``reward`` changes)."""
 
     def __init__(self, retriever, question, max_turns=4, top_k=3):
         self.retriever, self.question = retriever, question

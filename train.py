@@ -117,8 +117,7 @@ DEFAULTS = {k: globals()[k] for k in CONFIG_KEYS}
 # A checkpoint resumed under other values of these would be another experiment spliced onto this
 # one, so --resume refuses; any other setting (RL_STEPS, EVAL_EVERY, DEVICE, ...) may change.
 RUN_KEYS = warmup.KEYS + ("METHOD", "FRESH_WORLDS") + evisd.KNOBS
-# The peers' credit rules (lab/peers.py), for comparison: each turns the same teacher's gap into
-# credit in its paper's form.
+# The peers' credit rules (lab/peers.py): the same teacher's gap, credit in their papers' forms.
 PEERS = ("rlsd", "opsd", "sdar", "sd_search", "bicaa")
 
 
@@ -129,14 +128,13 @@ def check_data(cfg):
 
 
 def unread_settings(cfg):
-    """The settings changed from their defaults that another setting leaves without effect, as
-    "NAME=value (under OTHER=value)" strings: train.main names them before any work."""
+    """["NAME=value (under OTHER=value)"]: changed settings that another leaves without effect."""
     unread = {}
     if cfg["METHOD"] == "grpo":
         unread.update(dict.fromkeys(evisd.KNOBS, "METHOD"))
     elif cfg["METHOD"] == "evisd":
-        unread["EVISD_GATE_COEF" if cfg["EVISD_FORM"] == "bounded" else "EVISD_LAMBDA"] = \
-            "EVISD_FORM"
+        bounded = cfg["EVISD_FORM"] == "bounded"
+        unread["EVISD_GATE_COEF" if bounded else "EVISD_LAMBDA"] = "EVISD_FORM"
         if not cfg["USE_SEARCH_EVIDENCE"]:
             unread["EVIDENCE_AT"] = "USE_SEARCH_EVIDENCE"
     return [f"{k}={cfg[k]!r} (under {why}={cfg[why]!r})" for k, why in unread.items()
@@ -164,8 +162,7 @@ SCHEMA = runs.Schema(
             "VALIDATION_WORLDS": at_least(1), "MAX_BAD_STEPS": at_least(1),
             "DTYPE": ((lambda v: v != "float16"), "float32 or bfloat16: float16 would need "
                       "loss scaling, which this project does not do")},
-    # "auto": (embedded model, HF model). A pretrained model must never get rates tuned for
-    # 0.5M random weights.
+    # "auto": (embedded model, HF model): a pretrained model must never get the tiny one's rates.
     auto={"SFT_LR": (3e-3, 1e-5), "LR": (2e-4, 1e-6), "SFT_PRIVILEGED_FRAC": (0.3, 0.0),
           "SFT_CONTEXT_LOSS": (1.0, 0.0), "SFT_REPEAT_STEPS": (300, 0)},
     checks=(check_data, evisd.check_config))
@@ -287,8 +284,8 @@ def build_policy(cfg, device):
         policy = model.build_model(tokenizer, cfg["MODEL"], seed=cfg["SEED"],
                                    prev_token_init=cfg["PREV_TOKEN_INIT"])
     else:
-        # float32 weights, whatever the checkpoint's dtype: autocast computes in DTYPE, and an
-        # LR of 1e-6 moves a weight far less than bf16's 8 mantissa bits can represent.
+        # float32 weights: autocast computes in DTYPE, and an LR of 1e-6 moves a weight by less
+        # than bf16's 8 mantissa bits can hold.
         policy, tokenizer = model.load_model(cfg["MODEL"], dtype=torch.float32)
     if cfg["GRADIENT_CHECKPOINTING"]:
         model.enable_checkpointing(policy)
@@ -347,7 +344,7 @@ def main(argv):
         if start == 0 and cfg["EVAL_EVERY"] and rank == 0:
             bar.write(quick_check(0))
         for step in bar:
-            world = step_world(cfg, step)      # the step's data: a fresh toy world, or real data
+            world = step_world(cfg, step)
             metrics, record = rl_step(cfg, step, world, policy, reference, tokenizer, optimizer)
             if cfg["MEASURE"]:   # the lab's switch: what a benchmark measures beside the step
                 metrics.update(runs.lab("measure", "MEASURE=True").measure(cfg, record))
