@@ -168,7 +168,8 @@ VARIANT_OVERRIDES = [
     {"USE_ANSWER_PRIVILEGE": False}, {"USE_SEARCH_EVIDENCE": False},
     {"EVISD_SPAN": "action"},
     # the paper's ablation rows not above, and its λ dose (benchmark v5)
-    {"EVISD_SPAN": "response"}, {"EVISD_FORM": "gated_loss"}, {"TEACHER_CONTEXT": "shared"},
+    {"EVISD_SPAN": "response"}, {"EVISD_FORM": "gated_loss", "EVISD_SPAN": "response"},
+    {"TEACHER_CONTEXT": "shared"},
     {"EVISD_LAMBDA": 0.9},
 ]
 VARIANTS = {(", ".join(f"{k}={v}" for k, v in o.items()) or "as configured"): o
@@ -228,8 +229,7 @@ def report(lm, tokenizer, cfg, sets, seed=0, progress=None, variants=None):
         # teacher's (on the episodes with A != 0) and Â.
         rows = adv.nonzero().squeeze(1).tolist()
         for name, vcfg in configs.items():
-            token_adv, lp_t, _ = evisd.credit(lm, tokenizer, world, r, adv, lp_s,
-                                              train.evisd_settings(vcfg))
+            token_adv, lp_t, _ = evisd.credit(lm, tokenizer, world, r, adv, lp_s, vcfg)
             w = token_adv / torch.where(adv == 0, 1.0, adv)[:, None]   # Â / A: EviSD's factor
             for rec in action_records(r, labels, adv, lp_t - lp_s, w, rows):
                 rec["episode"] += offset    # index into the concatenated batch below
@@ -334,7 +334,7 @@ def effective_advantages(lm, tokenizer, cfg, world, r, adv, lp_s):
     the step today); SDAR's and SD-Search's, whose credit is a loss beside the surrogate, as
     ``sdar_effective`` and ``sd_search_effective`` turn it into Â. Each rule reads the run's
     teacher settings; all tensors come back on the CPU."""
-    settings = train.evisd_settings(cfg)
+    settings = dict(cfg, METHOD="evisd")
     out = {"grpo": adv[:, None] * r.gen_mask.float().to(adv.device)}
     out["evisd"], _, _ = evisd.credit(lm, tokenizer, world, r, adv, lp_s, settings)
     for rule in ("rlsd", "opsd", "bicaa", "sdar"):
@@ -470,7 +470,7 @@ def show_episodes(lm, tok, cfg, world, qs, html_path, k):
     torch.manual_seed(0)
     r, adv, lp_s = sample(lm, tok, cfg, world, qs, 4)
     # The teacher's gap, whichever method the run trained with.
-    token_adv, lp_t, _ = evisd.credit(lm, tok, world, r, adv, lp_s, train.evisd_settings(cfg))
+    token_adv, lp_t, _ = evisd.credit(lm, tok, world, r, adv, lp_s, cfg)
     # stable
     groups = sorted(range(0, len(qs) * 4, 4), key=lambda i: not adv[i:i + 4].any())[:k]
     tty = sys.stdout.isatty()
