@@ -82,10 +82,11 @@ def worst_case_rollouts(cfg, tok, world, prompt_tokens, observation_tokens):
             transcripts.append(tr)
             episodes.append(q)
     n = len(transcripts)
-    return rollout.Rollouts(**rollout.collate(transcripts, tok.pad_token_id),
-                            rewards=torch.tensor([float(i % 2) for i in range(n)]),
+    rewards = torch.tensor([float(i % 2) for i in range(n)])
+    return rollout.Rollouts(**rollout.collate(transcripts, tok.pad_token_id), rewards=rewards,
                             answers=[q.answers[0] for q in episodes],
-                            turns=torch.full((n,), cfg["MAX_TURNS"]), questions=episodes)
+                            turns=torch.full((n,), cfg["MAX_TURNS"]), questions=episodes,
+                            em=rewards)
 
 
 def probe_memory(shape, checkpointing, dry, path):

@@ -564,7 +564,8 @@ def scripted_rollout(lm, tok, envs, *args, **kwargs):
                           rewards=torch.tensor([e.reward for e in envs]),
                           answers=[e.answer for e in envs],
                           turns=torch.tensor([e.turns for e in envs]),
-                          questions=episodes, turn_texts=texts)
+                          questions=episodes, turn_texts=texts,
+                          em=torch.tensor([e.em for e in envs]))
 
 
 def test_the_report_card_grades_the_teacher_on_hotpotqa_evidence(standin_dir, tmp_path,
