@@ -2,10 +2,8 @@
 
     python evaluate.py out/evisd-s0 out/grpo-s0 ...   # EM per hop, 95% intervals; paired macro
 
-Held-out worlds have seeds EVAL_SEED, EVAL_SEED + 1, ...; validation worlds (``--validation``)
-EVAL_SEED - 1, EVAL_SEED - 2, ...; training worlds are named apart (train.py). ``macro`` is the
-mean of 1- and 2-hop EM, the splits RL can move. A seed's runs share a warm-up, so methods are
-paired by seed. Real data: lab/real_data.py; the lab's tables: python lab/report.py.
+Held-out worlds are seeds EVAL_SEED and up, validation worlds (``--validation``) the ones below;
+``macro`` is the mean of 1- and 2-hop EM, what RL can move. The lab's tables: lab/report.py.
 """
 import argparse
 import json
@@ -27,7 +25,7 @@ import toy_world
 SPLITS = ("test", "ood")
 HOPS = (1, 2, 3)             # 1 and 2 hops in `test`, 3 in `ood`
 MACRO_HOPS = (1, 2)          # the headline: ood (3 hops) stays near 0 for every run
-EVAL_WORLDS = 9              # ~1,090 test and 1,080 ood questions; one world's ~121 give EM ± 0.09
+EVAL_WORLDS = 9              # held-out worlds of ~240 questions each (why 9: docs/design-notes.md)
 EVAL_BATCH = 256             # questions per greedy rollout (a real dev split has thousands)
 
 
@@ -131,17 +129,22 @@ def t_interval(values):
     return m, m - half, m + half
 
 
-def paired_macro(rows, baseline=None):
-    """Each run group's macro EM minus the baseline group's (GRPO unless named), seed by seed:
-    {group: {"baseline", "seeds", "diff": {seed: difference}, "macro": (mean, low, high)}}."""
+def baseline_group(rows, baseline=None):
+    """The run group the others are paired with: ``baseline``, else the one GRPO group (None
+    where there is none, or several: --baseline names it)."""
+    groups = list(dict.fromkeys(r["group"] for r in rows))
+    if baseline is not None and baseline not in groups:
+        raise SystemExit(f"--baseline {baseline!r}: no such run group; have {', '.join(groups)}")
     grpo = sorted({r["group"] for r in rows if r["method"] == "grpo"})
-    if baseline is None and len(grpo) != 1:
-        return {}           # nothing to pair with, or ambiguous: --baseline names it
-    baseline = baseline or grpo[0]
+    return baseline or (grpo[0] if len(grpo) == 1 else None)
+
+
+def paired_macro(rows, baseline=None):
+    """Each run group's macro EM minus the baseline group's, seed by seed: {group: {"baseline",
+    "seeds", "diff": {seed: difference}, "macro": (mean, low, high)}}."""
+    if (baseline := baseline_group(rows, baseline)) is None:
+        return {}
     base = {r["seed"]: r.get("macro") for r in rows if r["group"] == baseline}
-    if not base:
-        raise SystemExit(f"--baseline {baseline!r}: no such run group; have "
-                         + ", ".join(dict.fromkeys(r["group"] for r in rows)))
     diffs = {r["group"]: {} for r in rows if r["group"] != baseline}
     for r in sorted(rows, key=lambda r: r["seed"]):   # a run without a macro is left out
         if r["group"] != baseline and None not in (r.get("macro"), base.get(r["seed"])):

@@ -1,8 +1,6 @@
-"""Run plumbing, so that train.py can be the loop: the config (``--NAME=value`` overrides and
-preset files, checked against the caller's schema), processes, device and seeds, checkpoints,
-resume checks, the metrics log, and ``lab``, the one way the core reaches the lab folder.
-A checkpoint is a Hugging Face directory with ``state.pt`` (optimizer, step, config) beside it;
-a run directory holds its last two ``ckpt-NNNNNN``, ``metrics.jsonl`` and ``config.json``.
+"""Run plumbing, so that train.py can be the loop: the checked config, processes, device and
+seeds, checkpoints (an HF directory with ``state.pt`` beside it, the last two kept), resume
+checks, the metrics log, and ``lab``, the one way the core reaches the lab folder.
 """
 import ast
 import hashlib

@@ -63,16 +63,11 @@ def paired_differences(rows, baseline=None, keys=PAIRED_KEYS):
     {group: {"baseline", "seeds", "keys", "diff": {seed: {key: difference}}, "intervals": {key:
     (mean, low, high)}, "macro": (mean, low, high)}}, each interval the 95% t-interval of the
     mean paired difference over the seeds that have the measure."""
+    if (baseline := evaluate.baseline_group(rows, baseline)) is None:
+        return {}
     groups = {}
     for r in rows:
         groups.setdefault(r["group"], {})[r["seed"]] = r
-    if baseline is None:
-        grpo_groups = sorted({r["group"] for r in rows if r["method"] == "grpo"})
-        if len(grpo_groups) != 1:
-            return {}       # nothing to pair with, or ambiguous: --baseline names it
-        baseline = grpo_groups[0]
-    if baseline not in groups:
-        raise SystemExit(f"--baseline {baseline!r}: no such run group; have {', '.join(groups)}")
     out = {}
     for name, by_seed in groups.items():
         seeds = sorted(set(by_seed) & set(groups[baseline]))
