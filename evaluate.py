@@ -68,9 +68,9 @@ def heldout_em(policy, tokenizer, cfg, n=100, dtype=torch.float32):
     out, by_hops = {}, {h: [] for h in HOPS}
     for split in SPLITS:
         world, qs = heldout_questions(cfg, split, n)
-        ems = greedy_episodes(policy, tokenizer, cfg, world, qs, dtype)[0].tolist()
-        out[split] = round(sum(ems) / len(ems), 4)
-        for q, em in zip(qs, ems):
+        correct = greedy_episodes(policy, tokenizer, cfg, world, qs, dtype)[0].tolist()
+        out[split] = round(sum(correct) / len(correct), 4)
+        for q, em in zip(qs, correct):
             by_hops[q.hops].append(em)
     out.update({f"hop{h}": round(sum(v) / len(v), 4) if v else None for h, v in by_hops.items()})
     ems = [out[f"hop{h}"] for h in MACRO_HOPS]

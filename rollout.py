@@ -79,6 +79,13 @@ class Transcript:
         self.gen += [0] * len(obs_ids)
         self.info += [1] * len(obs_ids)
         self.kind += [0] * len(obs_ids)
+        return obs_ids
+
+
+def record_turn(tokenizer, transcript, turn, tokens, text, action, observation):
+    """Append a turn and its env's observation: the action's token ranges are found once, here."""
+    transcript.add_turn(tokens, action.kind, turn, action_ranges(tokenizer, tokens, text, action))
+    return transcript.add_observation(tokenizer.encode(observation, add_special_tokens=False))
 
 
 def encode_episode(tokenizer, prompt, turns, observations):
@@ -87,10 +94,7 @@ def encode_episode(tokenizer, prompt, turns, observations):
     for i, (turn, obs) in enumerate(zip(turns, observations)):
         ids = tokenizer.encode(turn, add_special_tokens=False)
         text = tokenizer.decode(ids)
-        action = parse_action(text)
-        tr.add_turn(ids, action.kind, i, action_ranges(tokenizer, ids, text, action))
-        if obs:
-            tr.add_observation(tokenizer.encode(obs, add_special_tokens=False))
+        record_turn(tokenizer, tr, i, ids, text, parse_action(text), obs or "")
     return tr
 
 
@@ -164,13 +168,10 @@ def rollout(policy, tokenizer, envs, max_new_tokens=64, temperature=1.0, greedy=
                               tokenizer=tokenizer, generation_config=gen_config).cpu()
         for i, new in zip(rows, out[:, ids.shape[1]:].tolist()):
             tokens, text = cut_turn(tokenizer, new, eos, pad_id)
-            result = envs[i].step(text)
+            result = envs[i].step(text)   # the env parses the action and answers it
             turn_texts[i].append(text)
-            # The env parsed the action: its tags' offsets become token ranges, once, here.
-            transcripts[i].add_turn(tokens, result.action.kind, turn,
-                                    action_ranges(tokenizer, tokens, text, result.action))
-            transcripts[i].add_observation(
-                tokenizer.encode(result.observation, add_special_tokens=False))
+            record_turn(tokenizer, transcripts[i], turn, tokens, text, result.action,
+                        result.observation)
     policy.train(was_training)
     return Rollouts(**collate(transcripts, pad_id), rewards=torch.tensor([e.reward for e in envs]),
                     answers=[e.answer for e in envs], turns=torch.tensor([e.turns for e in envs]),

@@ -123,8 +123,8 @@ PEERS = ("rlsd", "opsd", "sdar", "sd_search", "bicaa")
 
 def check_data(cfg):
     """The lab's switch for real data: lab/real_data.py checks its settings and files."""
-    if cfg["DATA"] != "toy":
-        runs.lab("real_data", f"DATA={cfg['DATA']!r}").check_config(cfg)
+    if real := evaluate.real_data(cfg):
+        real.check_config(cfg)
 
 
 def unread_settings(cfg):
@@ -175,8 +175,8 @@ def configure(argv):
 
 def step_world(cfg, step):
     """The world of an RL step's questions: a toy world (fresh per step), or real data's."""
-    if cfg["DATA"] != "toy":
-        return runs.lab("real_data", f"DATA={cfg['DATA']!r}").dataset(cfg, "train")
+    if real := evaluate.real_data(cfg):
+        return real.dataset(cfg, "train")
     return toy_world.training_world("rl", cfg["SEED"], step if cfg["FRESH_WORLDS"] else 0,
                                     cfg["WORLD_SCALE"])
 
@@ -307,8 +307,8 @@ def main(argv):
     resumed = runs.open_run(cfg, resume, overwrite, RUN_KEYS, DEFAULTS, rank)   # (path, ..., state)
     if rank == 0:
         print(json.dumps(cfg))
-        if unread_settings(cfg):
-            print(f"note: without effect: {', '.join(unread_settings(cfg))}")
+        if unread := unread_settings(cfg):
+            print(f"note: without effect: {', '.join(unread)}")
 
     # 1. The model, 2. the supervised warm-up (cached: the GRPO and EviSD runs of a seed share it).
     policy, tokenizer = build_policy(cfg, device)

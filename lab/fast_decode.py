@@ -72,13 +72,8 @@ def play_cached(policy, tokenizer, envs, max_new_tokens, temperature, greedy, co
             kept[r, :len(tokens)] = 1
             result = envs[i].step(text)
             turn_texts[i].append(text)
-            transcripts[i].add_turn(tokens, result.action.kind, turn,
-                                    rollout.action_ranges(tokenizer, tokens, text, result.action))
-            obs = (tokenizer.encode(result.observation, add_special_tokens=False)
-                   if result.observation else [])
-            if obs:
-                transcripts[i].add_observation(obs)
-            observations.append(obs)
+            observations.append(rollout.record_turn(tokenizer, transcripts[i], turn, tokens, text,
+                                                    result.action, result.observation))
         going = [r for r, i in enumerate(rows) if not envs[i].done]
         if going:
             obs_ids = rollout.pad([observations[r] for r in going], pad_id, left=True)
