@@ -63,29 +63,26 @@ class Transcript:
         self.gen, self.info, self.kind = ([0] * len(self.ids) for _ in range(3))
         self.spans = []
 
-    def add_turn(self, turn_ids, kind, turn_index, ranges=None):
-        """Append a generated turn and its action's ``ranges`` (action_ranges)."""
-        start, n = len(self.ids), len(turn_ids)
+    def add_turn(self, turn_ids, kind, turn_index, ranges=None, obs_ids=()):
+        """Append a generated turn, its action's ``ranges`` (action_ranges) and the ids of the
+        env's observation, which the model reads and is never trained on."""
+        start, n, m = len(self.ids), len(turn_ids), len(obs_ids)
         action, content_start, content_end = ranges if kind in KIND_IDS else (n, n, n)
-        self.ids += turn_ids
-        self.gen += [1] * n
-        self.info += [0] * n
-        self.kind += [0] * action + [KIND_IDS.get(kind, 0)] * (n - action)
+        self.ids += [*turn_ids, *obs_ids]
+        self.gen += [1] * n + [0] * m
+        self.info += [0] * n + [1] * m
+        self.kind += [0] * action + [KIND_IDS.get(kind, 0)] * (n - action) + [0] * m
         self.spans.append(Span(turn_index, kind, start, start + action, start + content_start,
                                start + content_end, start + n))
 
-    def add_observation(self, obs_ids):
-        self.ids += obs_ids
-        self.gen += [0] * len(obs_ids)
-        self.info += [1] * len(obs_ids)
-        self.kind += [0] * len(obs_ids)
-        return obs_ids
-
 
 def record_turn(tokenizer, transcript, turn, tokens, text, action, observation):
-    """Append a turn and its env's observation: the action's token ranges are found once, here."""
-    transcript.add_turn(tokens, action.kind, turn, action_ranges(tokenizer, tokens, text, action))
-    return transcript.add_observation(tokenizer.encode(observation, add_special_tokens=False))
+    """Append a turn and its env's observation (text; returns its ids): the action's token
+    ranges are found once, here."""
+    obs_ids = tokenizer.encode(observation, add_special_tokens=False)
+    ranges = action_ranges(tokenizer, tokens, text, action)
+    transcript.add_turn(tokens, action.kind, turn, ranges, obs_ids)
+    return obs_ids
 
 
 def encode_episode(tokenizer, prompt, turns, observations):

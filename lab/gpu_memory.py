@@ -76,9 +76,8 @@ def worst_case_rollouts(cfg, tok, world, prompt_tokens, observation_tokens):
                 ids = think + filler(cfg["MAX_NEW_TOKENS"] - len(think) - len(action)) + action
                 text = tok.decode(ids)
                 tr.add_turn(ids, kind, turn,
-                            rollout.action_ranges(tok, ids, text, search_env.parse_action(text)))
-                if kind == "search":
-                    tr.add_observation(filler(observation_tokens))
+                            rollout.action_ranges(tok, ids, text, search_env.parse_action(text)),
+                            filler(observation_tokens) if kind == "search" else [])
             transcripts.append(tr)
             episodes.append(q)
     n = len(transcripts)
