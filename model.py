@@ -1,10 +1,14 @@
 """The network: the embedded tokenizer (each protocol tag one token) and model, HF models (their
 tags plain text), the prompt before the first turn (rollout.py plays the turns), log-probs."""
+import contextlib
+import json
 import os
 import socket
 import urllib.parse
+import warnings
 
 import torch
+from peft import LoraConfig, PeftModel, get_peft_model
 from torch.utils.checkpoint import checkpoint
 from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import (AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerFast, Qwen2Config,
@@ -16,6 +20,8 @@ from toy_world import SYLLABLES, expert_episode, make_world
 # transformers' progress bars and notices would bury the run's own output; its errors still show.
 transformers_logging.set_verbosity_error()
 transformers_logging.disable_progress_bar()
+# PEFT still reads an attribute that transformers 5 renamed, and each read warns.
+warnings.filterwarnings("ignore", "`is_gradient_checkpointing` is deprecated", FutureWarning)
 
 # hidden, layers, heads, kv heads, mlp width (why these: docs/design-notes.md)
 SIZES = {"tiny": (128, 3, 4, 2, 256), "small": (256, 6, 8, 4, 768), "base": (512, 8, 8, 4, 1536)}
@@ -80,9 +86,15 @@ def prev_token_head(model, scale, back=1, frequencies=4):
 
 
 def load_model(name, dtype=None, local_files_only=None):
-    """(model, tokenizer) from a directory or hub name: the local cache first, then the hub."""
+    """(model, tokenizer) from a directory or hub name: the local cache first, then the hub; a
+    LoRA checkpoint is its base (named in adapter_config.json) with the adapter on top."""
     if local_files_only is None:
         local_files_only = os.environ.get("HF_HUB_OFFLINE", "0") not in ("", "0", "false")
+    if os.path.exists(adapter := os.path.join(name, "adapter_config.json")):
+        base = load_model(json.load(open(adapter))["base_model_name_or_path"], dtype,
+                          local_files_only)[0]
+        return (PeftModel.from_pretrained(base, name, is_trainable=True),
+                AutoTokenizer.from_pretrained(name))
     try:
         tokenizer = AutoTokenizer.from_pretrained(name, local_files_only=True)
         model = AutoModelForCausalLM.from_pretrained(name, dtype=dtype, local_files_only=True)
@@ -113,13 +125,37 @@ def _hub_answers(timeout=3.0):
         return False
 
 
+# ----------------------------------------------------------------------------- LoRA
+# Every projection of attention and of the MLP, as "LoRA Without Regret" (2025) found best for RL.
+LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+
+
+def add_lora(lm, rank, alpha, base_dtype, base_name, seed=0):
+    """``lm`` as a PEFT LoRA model: its weights frozen in ``base_dtype`` (the compute dtype: only
+    the adapters train), float32 adapters whose B starts at 0, so it starts as exactly ``lm``."""
+    lm.to(base_dtype)
+    lm.name_or_path = base_name     # adapter_config.json names it, so load_model finds the base
+    torch.manual_seed(seed)         # A's random start, whatever ran before (a warm-up, or none)
+    lora = get_peft_model(lm, LoraConfig(r=rank, lora_alpha=alpha, lora_dropout=0.0,
+                                         target_modules=LORA_TARGETS, task_type="CAUSAL_LM"))
+    for p in lora.parameters():
+        if p.requires_grad:
+            p.data = p.data.float()
+    return lora
+
+
+def without_adapter(lm):
+    """A context in which ``lm`` is its base model: a LoRA model's adapter off; any other as is."""
+    return lm.disable_adapter() if isinstance(lm, PeftModel) else contextlib.nullcontext()
+
+
 def autocast(device, dtype):
     """bf16 autocast where DTYPE asks, on the CPU too (so it runs the GPU's path); fp32 weights."""
     return torch.autocast(device_type=device.type, dtype=dtype, enabled=dtype != torch.float32)
 
 
 def save_checkpoint_dir(model, tokenizer, path):
-    """A normal HF directory: model and tokenizer, loadable with the Auto classes."""
+    """A normal HF directory, model (a LoRA model: its adapter) and tokenizer: load_model reads it."""
     model.save_pretrained(path)
     tokenizer.save_pretrained(path)
 

@@ -65,6 +65,8 @@ QUESTIONS_PER_STEP = 8
 GROUP_SIZE = 8
 LR = "auto"                  # 2e-4 embedded, 1e-6 HF (Search-R1)
 KL_COEF = 0.01               # k3 KL to the frozen warm-up model
+LORA_RANK = 0                # > 0: RL trains a LoRA adapter of this rank (PEFT); 0: every weight
+LORA_ALPHA = 32.0            # the adapter's output is scaled by LORA_ALPHA / LORA_RANK
 CLIP_EPS = 0.2
 PPO_EPOCHS = 1               # with 1, the ratio is exactly 1 and the clip never acts
 GRAD_CLIP = 1.0
@@ -116,7 +118,7 @@ CONFIG_KEYS = [k for k, v in list(globals().items())
 DEFAULTS = {k: globals()[k] for k in CONFIG_KEYS}
 # A checkpoint resumed under other values of these would be another experiment spliced onto this
 # one, so --resume refuses; any other setting (RL_STEPS, EVAL_EVERY, DEVICE, ...) may change.
-RUN_KEYS = warmup.KEYS + ("METHOD", "FRESH_WORLDS") + evisd.KNOBS
+RUN_KEYS = warmup.KEYS + ("METHOD", "FRESH_WORLDS", "LORA_RANK", "LORA_ALPHA") + evisd.KNOBS
 # The peers' credit rules (lab/peers.py): the same teacher's gap, credit in their papers' forms.
 PEERS = ("rlsd", "opsd", "sdar", "sd_search", "bicaa")
 
@@ -129,7 +131,7 @@ def check_data(cfg):
 
 def unread_settings(cfg):
     """["NAME=value (under OTHER=value)"]: changed settings that another leaves without effect."""
-    unread = {}
+    unread = {} if cfg["LORA_RANK"] else {"LORA_ALPHA": "LORA_RANK"}
     if cfg["METHOD"] == "grpo":
         unread.update(dict.fromkeys(evisd.KNOBS, "METHOD"))
     elif cfg["METHOD"] == "evisd":
@@ -157,7 +159,7 @@ SCHEMA = runs.Schema(
             "SFT_REPEAT_WORLDS": at_least(1), "QUESTIONS_PER_STEP": at_least(1),
             "GROUP_SIZE": at_least(2), "LR": above(0), "CLIP_EPS": above(0),
             "PPO_EPOCHS": at_least(1), "GRAD_CLIP": above(0), "MAX_NEW_TOKENS": at_least(1),
-            "TEMPERATURE": above(0), "EVISD_LAMBDA": ((lambda v: 0 <= v < 1), ">= 0 and < 1"),
+            "TEMPERATURE": above(0), "LORA_ALPHA": above(0), "EVISD_LAMBDA": ((lambda v: 0 <= v < 1), ">= 0 and < 1"),
             "EVISD_TAU": above(0), "EVAL_QUESTIONS": at_least(1), "EVAL_SEED": at_least(1),
             "VALIDATION_WORLDS": at_least(1), "MAX_BAD_STEPS": at_least(1),
             "DTYPE": ((lambda v: v != "float16"), "float32 or bfloat16: float16 would need "
@@ -217,7 +219,7 @@ def rl_step(cfg, step, world, policy, reference, tokenizer, optimizer):
     policy.train()
     logp = logprobs(policy)                                                 # [N, T]
     old_logp = logp.detach()                                                # [N, T]
-    with torch.no_grad():
+    with torch.no_grad(), model.without_adapter(reference):   # LoRA: the policy, adapter off
         ref_logp = logprobs(reference) if reference is not None else None   # [N, T]
 
     # 4. Token advantages. GRPO: every generated token carries its episode's A. EviSD: the same
@@ -285,17 +287,21 @@ def build_policy(cfg, device):
                                    prev_token_init=cfg["PREV_TOKEN_INIT"])
     else:
         # float32 weights: autocast computes in DTYPE, and an LR of 1e-6 moves a weight by less
-        # than bf16's 8 mantissa bits can hold.
-        policy, tokenizer = model.load_model(cfg["MODEL"], dtype=torch.float32)
+        # than bf16's 8 mantissa bits can hold. Under LoRA they never move: held in DTYPE.
+        policy, tokenizer = model.load_model(cfg["MODEL"], dtype=getattr(
+            torch, cfg["DTYPE"] if cfg["LORA_RANK"] and not cfg["SFT_STEPS"] else "float32"))
     if cfg["GRADIENT_CHECKPOINTING"]:
         model.enable_checkpointing(policy)
     return policy.to(device), tokenizer
 
 
 def frozen_reference(policy):
-    """The KL term's frozen warm-up model. It keeps the policy's float32 weights and computes
-    under the same autocast, so at step 0 the KL is exactly 0 under every DTYPE (a bf16 copy
-    would differ wherever autocast keeps float32: embeddings, norms)."""
+    """The KL term's frozen warm-up model. Under LoRA, the policy itself: rl_step turns its adapter
+    off. Else a copy that keeps the policy's float32 weights and computes under the same
+    autocast, so at step 0 the KL is exactly 0 under every DTYPE (a bf16 copy would differ
+    wherever autocast keeps float32: embeddings, norms)."""
+    if isinstance(policy, model.PeftModel):
+        return policy
     return copy.deepcopy(policy).eval().requires_grad_(False)
 
 
@@ -313,11 +319,15 @@ def main(argv):
     # 1. The model, 2. the supervised warm-up (cached: the GRPO and EviSD runs of a seed share it).
     policy, tokenizer = build_policy(cfg, device)
     sft_path = warmup.run(cfg, policy, tokenizer, rank)
-    # policy holds the warm-up weights now: the KL's reference is a frozen copy of them.
+    # policy holds the warm-up weights now. Under LoRA they freeze, and RL trains an adapter.
+    if cfg["LORA_RANK"]:
+        policy = model.add_lora(policy, cfg["LORA_RANK"], cfg["LORA_ALPHA"], dtype, sft_path,
+                                cfg["SEED"])
     reference = frozen_reference(policy) if cfg["KL_COEF"] > 0 else None
 
     # 3. RL, resumable.
-    optimizer = torch.optim.AdamW(policy.parameters(), lr=cfg["LR"], weight_decay=0.0)
+    trained = [p for p in policy.parameters() if p.requires_grad]   # all, or the adapter's
+    optimizer = torch.optim.AdamW(trained, lr=cfg["LR"], weight_decay=0.0)
     start, bad_steps = runs.restore(resumed, policy, optimizer, rank) if resumed else (0, 0)
     del resumed
     if rank == 0:

@@ -145,6 +145,8 @@ def fit(cfg, policy, tokenizer, path):
         schedule.step()
         bar.set_postfix(loss=f"{loss:.3f}")
         losses.append(round(loss, 4))
+    # No gradient outlives the warm-up: under LoRA, RL's clipping would count the frozen weights'.
+    optimizer.zero_grad(set_to_none=True)
     seconds = time.perf_counter() - t0
     print(f"warm-up: {cfg['SFT_STEPS']} steps in {seconds:.1f} s, saved to {path}")
     runs.atomic_save(path, policy, tokenizer, {"config": cfg, "seconds": seconds, "losses": losses})

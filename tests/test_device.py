@@ -96,21 +96,30 @@ ROWS = {"grpo": {"METHOD": "grpo"}, "evisd": {}, "response": {"EVISD_SPAN": "res
 
 @pytest.mark.parametrize("row", ROWS)
 @pytest.mark.parametrize("step_dtype", DTYPES)
+@pytest.mark.parametrize("lora_rank", (0, 4))
 def test_one_update_on_the_device_moves_the_weights(sampled, world, tok, row, step_dtype,
-                                                    monkeypatch):
-    """train.rl_step on the device, its world and rollout replaced by the sampled batch. The
-    reference is train.py's frozen copy of the policy, so the step's KL is exactly 0."""
+                                                    lora_rank, monkeypatch):
+    """train.rl_step on the device, its world and rollout replaced by the sampled batch, with
+    every weight trained or (LORA_RANK=4) a LoRA adapter. The reference is train.py's: a frozen
+    copy of the policy, or the policy with its adapter off; either way the step's KL is exactly 0."""
     lm, r = sampled
     lm = copy.deepcopy(lm)
-    cfg = dict(CFG, **ROWS[row], LR=1e-3, DTYPE=step_dtype)
+    cfg = dict(CFG, **ROWS[row], LR=1e-3, DTYPE=step_dtype, LORA_RANK=lora_rank)
     method = cfg["METHOD"]
+    if lora_rank:
+        lm = model.add_lora(lm, lora_rank, 32.0, getattr(torch, step_dtype), "base")
     ref = train.frozen_reference(lm)
-    before = [p.detach().clone() for p in lm.parameters()]
-    opt = torch.optim.AdamW(lm.parameters(), lr=cfg["LR"])
+    trained = [p for p in lm.parameters() if p.requires_grad]
+    frozen = [p.detach().clone() for p in lm.parameters() if not p.requires_grad]
+    before = [p.detach().clone() for p in trained]
+    opt = torch.optim.AdamW(trained, lr=cfg["LR"])
     monkeypatch.setattr(train.rollout, "rollout", lambda *args, **kwargs: r)
     metrics, record = train.rl_step(cfg, 0, world, lm, ref, tok, opt)
     assert "nonfinite_loss" not in metrics and metrics["kl"] == 0.0
-    assert max((p.detach() - b).abs().max().item() for p, b in zip(lm.parameters(), before)) > 1e-5
+    assert max((p.detach() - b).abs().max().item() for p, b in zip(trained, before)) > 1e-5
+    assert bool(frozen) == bool(lora_rank)     # LoRA: the base weights are frozen
+    assert all(torch.equal(p, b) for p, b in zip(
+        [p for p in lm.parameters() if not p.requires_grad], frozen))
     assert (metrics["modulated_frac"] > 0) == (method == "evisd" and row != "gated_loss")
     assert (record["gap"] != 0).any() == (method == "evisd")
     assert ("extra_loss" in metrics) == (row == "gated_loss")
