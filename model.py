@@ -155,7 +155,7 @@ def autocast(device, dtype):
 
 
 def save_checkpoint_dir(model, tokenizer, path):
-    """A normal HF directory, model (a LoRA model: its adapter) and tokenizer: load_model reads it."""
+    """An HF directory: the model (a LoRA model: its adapter alone) and the tokenizer."""
     model.save_pretrained(path)
     tokenizer.save_pretrained(path)
 

@@ -159,8 +159,9 @@ SCHEMA = runs.Schema(
             "SFT_REPEAT_WORLDS": at_least(1), "QUESTIONS_PER_STEP": at_least(1),
             "GROUP_SIZE": at_least(2), "LR": above(0), "CLIP_EPS": above(0),
             "PPO_EPOCHS": at_least(1), "GRAD_CLIP": above(0), "MAX_NEW_TOKENS": at_least(1),
-            "TEMPERATURE": above(0), "LORA_ALPHA": above(0), "EVISD_LAMBDA": ((lambda v: 0 <= v < 1), ">= 0 and < 1"),
-            "EVISD_TAU": above(0), "EVAL_QUESTIONS": at_least(1), "EVAL_SEED": at_least(1),
+            "TEMPERATURE": above(0), "LORA_ALPHA": above(0),
+            "EVISD_LAMBDA": ((lambda v: 0 <= v < 1), ">= 0 and < 1"), "EVISD_TAU": above(0),
+            "EVAL_QUESTIONS": at_least(1), "EVAL_SEED": at_least(1),
             "VALIDATION_WORLDS": at_least(1), "MAX_BAD_STEPS": at_least(1),
             "DTYPE": ((lambda v: v != "float16"), "float32 or bfloat16: float16 would need "
                       "loss scaling, which this project does not do")},
@@ -287,9 +288,10 @@ def build_policy(cfg, device):
                                    prev_token_init=cfg["PREV_TOKEN_INIT"])
     else:
         # float32 weights: autocast computes in DTYPE, and an LR of 1e-6 moves a weight by less
-        # than bf16's 8 mantissa bits can hold. Under LoRA they never move: held in DTYPE.
-        policy, tokenizer = model.load_model(cfg["MODEL"], dtype=getattr(
-            torch, cfg["DTYPE"] if cfg["LORA_RANK"] and not cfg["SFT_STEPS"] else "float32"))
+        # than bf16's 8 mantissa bits can hold. Weights no step trains (LoRA) load in DTYPE.
+        frozen = cfg["LORA_RANK"] and not cfg["SFT_STEPS"]
+        policy, tokenizer = model.load_model(cfg["MODEL"], getattr(
+            torch, cfg["DTYPE"] if frozen else "float32"))
     if cfg["GRADIENT_CHECKPOINTING"]:
         model.enable_checkpointing(policy)
     return policy.to(device), tokenizer

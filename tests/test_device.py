@@ -101,7 +101,7 @@ def test_one_update_on_the_device_moves_the_weights(sampled, world, tok, row, st
                                                     lora_rank, monkeypatch):
     """train.rl_step on the device, its world and rollout replaced by the sampled batch, with
     every weight trained or (LORA_RANK=4) a LoRA adapter. The reference is train.py's: a frozen
-    copy of the policy, or the policy with its adapter off; either way the step's KL is exactly 0."""
+    copy of the policy, or the policy with its adapter off; either way the KL is exactly 0."""
     lm, r = sampled
     lm = copy.deepcopy(lm)
     cfg = dict(CFG, **ROWS[row], LR=1e-3, DTYPE=step_dtype, LORA_RANK=lora_rank)

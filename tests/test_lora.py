@@ -83,7 +83,8 @@ def lora_run(tmp_path, name, *extra):
     # once a warm-up of 40 steps writes actions for the teacher to re-score.
     out = str(tmp_path / name)
     train.main(TINY + [f"--OUT_DIR={out}", f"--SFT_DIR={tmp_path}/sft", "--LORA_RANK=4",
-                       "--METHOD=opsd", "--LR=1e-3", "--SFT_STEPS=40", "--PPO_EPOCHS=1"] + list(extra))
+                       "--METHOD=opsd", "--LR=1e-3", "--SFT_STEPS=40", "--PPO_EPOCHS=1",
+                       *extra])
     return out
 
 
@@ -130,3 +131,26 @@ def test_a_lora_run_resumes_is_evaluated_and_merges(tmp_path, capsys):
             assert (model.token_logprobs(lora, ids, mask) - want).abs().max() > 1e-3
     with pytest.raises(SystemExit, match="exists already"):
         export.export(full, merged)
+
+
+def test_the_3b_preset_trains_an_adapter_on_a_pretrained_standin(tmp_path, standin_dir):
+    """The 3B LoRA preset on the pretrained-style stand-in under bf16: the base loads in bf16
+    (no warm-up trains it), the adapter is float32, its checkpoint names the model directory as
+    its base, and evaluate.py scores it. Random weights: this checks the path, not learning."""
+    out = str(tmp_path / "run")
+    small = [a for a in TINY if not a.startswith(("--SFT_STEPS", "--PPO_EPOCHS"))]
+    policy = train.main(["config/qwen2.5-3b-instruct-lora.py", *small, f"--MODEL={standin_dir}",
+                         "--RL_STEPS=2", "--MAX_NEW_TOKENS=8", "--DTYPE=bfloat16",
+                         f"--OUT_DIR={out}", f"--SFT_DIR={tmp_path}/sft"])
+    dtypes = {True: set(), False: set()}            # trained or not: the dtypes held
+    for p in policy.parameters():
+        dtypes[p.requires_grad].add(p.dtype)
+    assert dtypes == {False: {torch.bfloat16}, True: {torch.float32}}
+    ckpt = os.path.join(out, "ckpt-000002")
+    assert json.load(open(os.path.join(ckpt, "adapter_config.json")))[
+        "base_model_name_or_path"] == standin_dir
+    assert torch.load(os.path.join(ckpt, "state.pt"), weights_only=False)["sft_path"] == standin_dir
+    js = str(tmp_path / "rows.json")
+    evaluate.main([out, "--worlds", "1", "--json", js])
+    (got,) = json.load(open(js))["runs"]
+    assert got["hop1_n"] > 0 and "macro" in got

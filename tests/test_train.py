@@ -116,6 +116,22 @@ def test_presets_do_not_repeat_each_other():
             assert len(a & b) <= 2, a & b
 
 
+def test_lora_presets_are_the_papers_recipe_on_an_adapter():
+    three = train.configure(["config/qwen2.5-3b-instruct-lora.py"])[0]
+    seven = train.configure(["config/qwen2.5-3b-instruct-lora.py",
+                             "config/qwen2.5-7b-instruct-lora.py"])[0]
+    alone = train.configure(["config/qwen2.5-7b-instruct-lora.py"])[0]
+    for cfg in (three, seven):   # the paper's: 8 rollouts, KL 0.001, 300 steps; LR 10 x its 1e-6
+        assert (cfg["GROUP_SIZE"], cfg["KL_COEF"], cfg["RL_STEPS"]) == (8, 1e-3, 300)
+        assert cfg["LR"] == 1e-5
+    assert [c["MODEL"] for c in (three, seven)] == ["Qwen/Qwen2.5-3B-Instruct",
+                                                   "Qwen/Qwen2.5-7B-Instruct"]
+    assert (three["QUESTIONS_PER_STEP"], seven["QUESTIONS_PER_STEP"]) == (5, 4)
+    # never a full fine-tuning of the 7B model, not even given alone
+    for cfg in (three, seven, alone):
+        assert cfg["LORA_RANK"] == 16 and cfg["SFT_STEPS"] == 0
+
+
 def test_overrides_parse_types():
     cfg, resume, overwrite = train.configure(["--LR=1", "--METHOD=grpo",
                                               "--USE_SEARCH_EVIDENCE=False", "--resume",
@@ -173,8 +189,10 @@ def test_config_file_errors_name_file_and_line(tmp_path, text, message):
 @pytest.mark.parametrize("preset", sorted(glob.glob(
     os.path.join(os.path.dirname(train.__file__), "config", "*.py"))))
 def test_presets_parse_and_pretrained_models_get_small_rates(preset):
+    if preset.endswith("qwen2.5-7b-instruct-lora.py"):    # the 3B recipe at 7B goes after it
+        preset = ["config/qwen2.5-3b-instruct-lora.py", preset]
     # a data preset goes after a model preset; its files are fixtures here
-    if "DATA = " in open(preset).read():
+    elif "DATA = " in open(preset).read():
         pytest.importorskip("lab.real_data")
         data = os.path.join(os.path.dirname(train.__file__), "lab", "tests", "data")
         preset = ["config/qwen2.5-0.5b-instruct.py", preset,
