@@ -1,4 +1,4 @@
-"""The GPU check: one command for the next GPU at hand, at most eight minutes, ending in a
+"""The GPU check: one command for the next GPU at hand, at most ten minutes, ending in a
 one-screen summary that says pass or fail per part with its figures.
 
     python lab/gpu_check.py out/gpu-check              # on a CUDA machine: the default parts
@@ -28,7 +28,11 @@ runs out of time is recorded with the end of its output, and the next one still 
 * memory     lab/gpu_memory.py: a random model of Qwen2.5-0.5B-Instruct's exact shape (no
              download) put through two RL updates of the Qwen preset, with
              GRADIENT_CHECKPOINTING, at the worst case docs/one-gpu.md assumes: the peak of
-             torch.cuda.max_memory_allocated beside that page's estimate.
+             torch.cuda.max_memory_allocated beside that page's estimate;
+* memory-lora the same for Qwen2.5-3B's and Qwen2.5-7B's shapes with a rank-16 LoRA adapter
+             (the base frozen in bf16, built in it): the peak, the adapter's parameters, and
+             the KL at step 0 (must be exactly 0: the reference is the policy, adapter off).
+             Running out of memory, here and in memory, is a measurement, not a failure.
 
 Extra parts (``--parts``): tests (the suite with DEVICE=cuda), bench (the EviSD/GRPO step
 ratio), torchrun (two RL steps under ``torchrun --nproc_per_node=1``, NCCL), memory-all (also
@@ -54,9 +58,13 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-# (shape, gradient checkpointing) of each memory probe (lab/gpu_memory.py).
-PROBES = [("qwen2.5-0.5b", True)]
-ALL_PROBES = PROBES + [("qwen2.5-0.5b", False), ("qwen2.5-1.5b", True)]
+# (shape, gradient checkpointing, LoRA rank: 0 trains every weight) of each memory probe
+# (lab/gpu_memory.py), and the dry mode's tiny stand-ins.
+PROBES = [("qwen2.5-0.5b", True, 0)]
+ALL_PROBES = PROBES + [("qwen2.5-0.5b", False, 0), ("qwen2.5-1.5b", True, 0)]
+LORA_PROBES = [("qwen2.5-3b", True, 16), ("qwen2.5-7b", True, 16)]
+DRY_PROBES = [("tiny", True, 0), ("tiny", False, 0)]
+DRY_LORA_PROBES = [("tiny", True, 4)]
 
 # The train part: tiny (the default run's model) and config/gpu-small.py, cut short (the
 # small preset's full run is 1,800 + 180 steps). The tiny run's warm-up is long enough for its
@@ -74,9 +82,10 @@ DRY_RUNS = {"tiny": ["--MODEL=tiny"] + DRY_TRAIN, "small": ["--MODEL=small"] + D
 ROUNDING_GUARD = 0.10        # as lab/tests/test_rounding.py
 BF16_IDENTICAL = 0.9         # the share of episodes the two decodes must agree on under bf16
 
-# Seconds each part may take, at most (the whole run also stops at --budget: 480 s, 8 min).
+# Seconds each part may take, at most; the whole run also stops at --budget, by default their
+# sum (600 s, 10 min). memory-lora's random 7B model takes a while to build.
 BOXES = {"versions": 30, "train": 150, "decode": 45, "rounding": 45, "rollout": 150,
-         "memory": 60}
+         "memory": 60, "memory-lora": 120}
 EXTRA_BOXES = {"tests": 120, "bench": 75, "torchrun": 60, "memory-all": 150}
 PARTS = tuple(BOXES)
 
@@ -216,18 +225,23 @@ def part_tests(check):
     return figures
 
 
-def part_memory(check, probes=PROBES):
+def part_memory(check, probes=PROBES, dry_probes=DRY_PROBES):
+    """Each probe in its own process, the part's time left shared among those still to run;
+    the KL at step 0 must be exactly 0 (the reference computes as the policy does)."""
     figures, failures = {}, []
-    probes = [("tiny", True), ("tiny", False)] if check.dry else probes
-    for shape, checkpointing in probes:
-        name = f"{shape}, {'with' if checkpointing else 'without'} checkpointing"
-        path = os.path.join(check.work, f"memory-{shape}-{int(checkpointing)}.json")
+    probes = dry_probes if check.dry else probes
+    for i, (shape, checkpointing, lora_rank) in enumerate(probes):
+        name = (f"{shape}, {'with' if checkpointing else 'without'} checkpointing"
+                + (f", LoRA rank {lora_rank}" if lora_rank else ""))
+        path = os.path.join(check.work, f"memory-{shape}-{int(checkpointing)}-{lora_rank}.json")
         rc, output = check.python("lab/gpu_memory.py", shape, "--checkpointing",
-                                  str(int(checkpointing)), "--json", path,
-                                  *(["--dry"] if check.dry else []),
-                                  timeout=300 if check.dry else 75)
+                                  str(int(checkpointing)), "--lora", str(lora_rank),
+                                  "--json", path, *(["--dry"] if check.dry else []),
+                                  timeout=(check.box_end - time.monotonic()) / (len(probes) - i))
         if rc == 0 and os.path.exists(path):
             figures[name] = json.load(open(path))
+            if figures[name]["kl_step0"] != 0.0:
+                failures.append(f"{name}: the KL at step 0 is {figures[name]['kl_step0']}, not 0")
         else:
             oom = "OutOfMemoryError" in output or "out of memory" in output
             figures[name] = {"error": "out of memory" if oom else f"exit code {rc}",
@@ -432,6 +446,7 @@ def part_rollout(check):
 FUNCTIONS = {"versions": part_versions, "train": part_train, "decode": part_decode,
              "rounding": part_rounding, "rollout": part_rollout, "memory": part_memory,
              "tests": part_tests, "bench": part_bench, "torchrun": part_torchrun,
+             "memory-lora": lambda check: part_memory(check, LORA_PROBES, DRY_LORA_PROBES),
              "memory-all": lambda check: part_memory(check, ALL_PROBES)}
 
 
@@ -485,7 +500,7 @@ def summary(check):
              f"{datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC"]
     for name, r in check.results.items():
         verdict = "PASS" if r["status"] == "ok" else "FAIL" if r["status"] != "skipped" else "SKIP"
-        lines.append(f"{verdict:4} {name:<10} {r['seconds']:>6.1f} s  "
+        lines.append(f"{verdict:4} {name:<11} {r['seconds']:>6.1f} s  "
                      + headline(name, r.get("figures") or {}, check.dry))
         if r.get("error"):
             lines.append(" " * 5 + r["error"].splitlines()[0][:150])
@@ -528,7 +543,7 @@ def main(argv):
                          f"{','.join(PARTS)})")
     ap.add_argument("--budget", type=float, default=None,
                     help="seconds for the whole check, parts after it are skipped "
-                    "(default 480; dry mode 1920)")
+                    f"(default {sum(BOXES.values())}: the parts' boxes; dry mode 4 times that)")
     ap.add_argument("--work", default=None,
                     help="scratch directory for runs (default: a temporary one)")
     ap.add_argument("out", help="directory for gpu-check.json, gpu-check.md and gpu-check.log")
@@ -540,7 +555,7 @@ def main(argv):
     os.makedirs(args.out, exist_ok=True)
     work = args.work or tempfile.mkdtemp(prefix="gpu-check-")
     os.makedirs(work, exist_ok=True)
-    budget = args.budget or (1920 if args.dry else 480)
+    budget = args.budget or sum(BOXES.values()) * (4 if args.dry else 1)
     check = Check(os.path.abspath(args.out), os.path.abspath(work), args.dry, budget)
     previous = os.path.join(check.out, "gpu-check.json")
     if os.path.exists(previous):     # a rerun of some parts keeps the others' results

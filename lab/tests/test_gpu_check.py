@@ -45,10 +45,19 @@ def test_dry_mode_runs_every_part_and_writes_the_report(tmp_path):
         row = f["rollout"][config]
         assert row["rollout_static_tok_s"] > 0 and row["rollout_generate_tok_s"] > 0
         assert row["generate_tok_s"] > 0 and 0 < row["rollout_static_of_roofline"] < 1
-    # the tiny stand-in of the Qwen shape: 2 x 2 episodes, all scored
+    # the tiny stand-in of the Qwen shape: 2 x 2 episodes, all scored, every weight trained,
+    # and under LoRA only the adapter; the KL exactly 0 at step 0 either way
+    assert len(f["memory"]) == 2 and len(f["memory-lora"]) == 1
     for probe in f["memory"].values():
         assert probe["params"] > 0 and probe["episodes"] == 4 and probe["finite_loss"]
         assert probe["peak_rss_gb"] > 0 and probe["modulated_frac"] > 0
+        assert probe["lora_rank"] == 0 and probe["trainable_params"] == probe["params"]
+    for probe in f["memory-lora"].values():
+        assert probe["lora_rank"] == 4 and 0 < probe["trainable_params"] < probe["params"]
+        assert probe["episodes"] == 4 and probe["finite_loss"] and probe["peak_rss_gb"] > 0
+        assert probe["modulated_frac"] > 0 and len(probe["update_s"]) == 2
+    for probe in [*f["memory"].values(), *f["memory-lora"].values()]:
+        assert probe["kl_step0"] == 0.0 and probe["layers"] == 2
     # the extra parts
     assert f["tests"]["passed"] > 0 and f["tests"]["failed"] == f["tests"]["errors"] == 0
     assert f["bench"]["evisd_step_over_grpo_step"] > 0 and f["bench"]["tiny"]["episodes"] == 4
