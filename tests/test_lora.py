@@ -5,6 +5,8 @@ ablation row under LoRA, float32 and bf16, is in test_device.py.)"""
 import copy
 import json
 import os
+import runpy
+import sys
 
 import pytest
 import torch
@@ -17,6 +19,8 @@ from lab import export
 from test_device import CFG, DTYPES, device, sampled  # noqa: F401 (fixtures)
 from test_rollout import tok, trained, world  # noqa: F401 (fixtures)
 from test_train import TINY, rows, strip_timing
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def with_lora(lm, dtype=torch.float32, rank=4):
@@ -88,7 +92,7 @@ def lora_run(tmp_path, name, *extra):
     return out
 
 
-def test_a_lora_run_resumes_is_evaluated_and_merges(tmp_path, capsys):
+def test_a_lora_run_resumes_is_evaluated_and_merges(tmp_path, capsys, monkeypatch):
     full = lora_run(tmp_path, "full")
     logged = [r for r in rows(full) if not r.get("eval")]
     assert logged[0]["kl"] == 0.0 and logged[-1]["kl"] > 0
@@ -110,15 +114,17 @@ def test_a_lora_run_resumes_is_evaluated_and_merges(tmp_path, capsys):
     with pytest.raises(SystemExit, match=r"another run: LORA_RANK=8 \(checkpoint: 4\)"):
         lora_run(tmp_path, "part", "--resume", "--LORA_RANK=8")
 
-    # evaluate.py scores it: the merged-in adapter changed what the warm-up answered?
+    # evaluate.py scores it, and the warm-up it started from.
     js = str(tmp_path / "rows.json")
     evaluate.main([full, "--worlds", "1", "--json", js])
     (got,) = json.load(open(js))["runs"]
     assert got["hop1_n"] > 0 and "macro" in got and got["warmup_macro"] is not None
 
-    # The export: a plain HF directory whose log-probs are the LoRA model's.
+    # The export, run as its command: a plain HF directory whose log-probs are the LoRA model's.
     merged = str(tmp_path / "merged")
-    export.export(full, merged)
+    monkeypatch.setattr(sys, "argv", ["lab/export.py", full, merged])
+    runpy.run_path(os.path.join(ROOT, "lab", "export.py"), run_name="__main__")
+    assert f"saved {merged}: a plain HF directory" in capsys.readouterr().out
     assert "adapter_config.json" not in os.listdir(merged)
     plain = AutoModelForCausalLM.from_pretrained(merged)
     lora, _ = model.load_model(ckpt)
