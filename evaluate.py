@@ -3,8 +3,7 @@
     python evaluate.py out/evisd-s0 out/grpo-s0 ...   # EM per hop, 95% intervals; paired macro
 
 Held-out worlds are seeds EVAL_SEED and up, validation worlds (``--validation``) the ones below;
-``macro`` is the mean of 1- and 2-hop EM, what RL can move. The lab's tables: lab/report.py.
-"""
+``macro`` is the mean of 1- and 2-hop EM, what RL can move. The lab's tables: lab/report.py."""
 import argparse
 import json
 import math
@@ -31,7 +30,6 @@ EVAL_BATCH = 256             # questions per greedy rollout (a real dev split ha
 
 # ----------------------------------------------------------------------------- held-out EM
 def eval_world_seed(cfg, k, validation=False):
-    """The seed of held-out world EVAL_SEED + k, or of validation world EVAL_SEED - 1 - k."""
     return cfg["EVAL_SEED"] - 1 - k if validation else cfg["EVAL_SEED"] + k
 
 
@@ -109,15 +107,12 @@ def wilson(successes, n, z=1.96):
     return centre - half, centre + half
 
 
-# Two-sided 95% quantiles of Student's t (t_0.975) for 1..30 degrees of freedom.
-T_975 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179,
-         2.160, 2.145, 2.131, 2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064,
-         2.060, 2.056, 2.052, 2.048, 2.045, 2.042)
-
-
 def t_975(dof):
     """Student's t_0.975 for ``dof`` degrees of freedom; beyond 30, the normal 1.96 (< 3% off)."""
-    return T_975[dof - 1] if dof <= len(T_975) else 1.96
+    table = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179,
+             2.160, 2.145, 2.131, 2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064,
+             2.060, 2.056, 2.052, 2.048, 2.045, 2.042)                     # dof = 1, ..., 30
+    return table[dof - 1] if dof <= len(table) else 1.96
 
 
 def t_interval(values):

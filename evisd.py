@@ -8,27 +8,21 @@ the GRPO advantage of the content of those actions (m_t = 1 on the query, the an
     delta_t = stopgrad(log p_teacher(y_t) - log p_student(y_t))
     Â_t     = A + lambda * |A| * m_t * tanh(tau * delta_t)        lambda = 0.2, tau = 5
 
-as a detailed public summary of arXiv 2608.01359 gives it: at most lambda * |A|, never a sign
-flip, nothing where A = 0. The knobs are train.py's EviSD constants, read here by their own
-names. Reading order: the formulas, ``credit`` (train.rl_step's call), the tokens it corrects,
-then the teacher's context.
-"""
+as a detailed public summary of arXiv 2608.01359 gives it: at most lambda * |A|, never a sign flip,
+nothing where A = 0. The knobs are train.py's EviSD constants, by name. Reading order: the formulas,
+``credit`` (train.rl_step's call), the tokens it corrects, then the teacher's context."""
 import torch
 
 from model import token_logprobs
 from rollout import pad
 from search_env import INFO, INFO_END, format_information
 
-# train.py's constants that this file reads. --resume refuses to change them, and a GRPO run
-# names those set away from their defaults (they would do nothing there).
+# train.py's constants read here: --resume refuses to change them; GRPO names changed ones unread.
 KNOBS = ("EVISD_LAMBDA", "EVISD_TAU", "EVISD_SPAN", "EVISD_FORM", "EVISD_GATE_COEF",
          "USE_SEARCH_EVIDENCE", "USE_ANSWER_PRIVILEGE", "TEACHER_CONTEXT", "EVIDENCE_AT",
          "ANSWER_AT")
-# the allowed values of the string knobs, checked before any work (check_config)
-CHOICES = {"EVISD_SPAN": ("content", "action", "response"),
-           "EVISD_FORM": ("bounded", "gated_loss"),
-           "TEACHER_CONTEXT": ("aligned", "shared"),
-           "EVIDENCE_AT": ("every", "first"),
+CHOICES = {"EVISD_SPAN": ("content", "action", "response"), "EVISD_FORM": ("bounded", "gated_loss"),
+           "TEACHER_CONTEXT": ("aligned", "shared"), "EVIDENCE_AT": ("every", "first"),
            "ANSWER_AT": ("content", "tag")}
 
 
@@ -156,33 +150,26 @@ def insert_blocks(ids, inserts):
     return out, student_pos
 
 
-def teacher_sequence(ids, block, turns, cfg):
-    """One teacher's input, (ids, score, student_pos), or None if it scores nothing: the block
-    before each of ``turns`` (EVIDENCE_AT="first", ours: before the first only), ``score`` on
-    the tokens it scores, cut after the last one (nothing later can change a score)."""
-    scored = {p for s in turns for p in range(*scored_range(s, cfg["EVISD_SPAN"]))}
-    if not scored:
-        return None
-    positions = [block_position(s, cfg) for s in turns]
-    positions = positions if cfg["EVIDENCE_AT"] == "every" else positions[:1]
-    teacher, student_pos = insert_blocks(ids, {at: block for at in positions})
-    score = [int(p in scored) for p in student_pos]
-    last = max(j for j, s in enumerate(score) if s) + 1
-    return teacher[:last], score[:last], student_pos[:last]
-
-
 def teacher_batch(tokenizer, world, rollouts, rows, cfg):
     """The teachers' inputs for the episodes ``rows``, right-padded [S, T'] tensors: input_ids,
-    attention_mask, score_mask, student_pos (-1 where inserted or padding); owner [S]."""
-    seqs, owner = [], []
+    attention_mask, score_mask, student_pos (-1 where inserted or padding); owner [S]. A teacher
+    reads its block before each of its turns (EVIDENCE_AT="first", ours: before the first only)
+    and is cut after the last token it scores (nothing later can change a score)."""
+    seqs, owner = [], []                            # each teacher's (ids, score, student_pos)
     for i in rows:
         blocks = privileged_ids(tokenizer, rollouts.questions[i], world)
         student = rollouts.input_ids[i, :int(rollouts.attention_mask[i].sum())].tolist()
         for block, turns in teachers(rollouts.spans[i], *blocks, cfg):
-            seq = teacher_sequence(student, block, turns, cfg)
-            if seq is not None:
-                seqs.append(seq)
-                owner.append(i)
+            scored = {p for s in turns for p in range(*scored_range(s, cfg["EVISD_SPAN"]))}
+            if not scored:
+                continue
+            positions = [block_position(s, cfg) for s in turns]
+            positions = positions if cfg["EVIDENCE_AT"] == "every" else positions[:1]
+            ids, student_pos = insert_blocks(student, {at: block for at in positions})
+            score = [int(p in scored) for p in student_pos]
+            last = max(j for j, s in enumerate(score) if s) + 1
+            seqs.append((ids[:last], score[:last], student_pos[:last]))
+            owner.append(i)
     return dict(input_ids=pad([s[0] for s in seqs], tokenizer.pad_token_id),
                 attention_mask=pad([[1] * len(s[0]) for s in seqs], 0),
                 score_mask=pad([s[1] for s in seqs], 0),

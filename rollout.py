@@ -4,8 +4,7 @@
 after its first ``</search>`` or ``</answer>``, hands its text to the episode's env and appends
 the observation. ``Transcript`` records, as each turn is cut, where its action and content lie
 (``Span``): nothing later decodes a span again. ``collate`` pads transcripts into ``Rollouts``.
-Sampled ids are kept, never re-encoded: the loss scores the very tokens the policy drew.
-"""
+Sampled ids are kept, never re-encoded: the loss scores the very tokens the policy drew."""
 import bisect
 from dataclasses import dataclass
 from typing import NamedTuple
@@ -64,8 +63,7 @@ class Transcript:
         self.spans = []
 
     def add_turn(self, turn_ids, kind, turn_index, ranges=None, obs_ids=()):
-        """Append a generated turn, its action's ``ranges`` (action_ranges) and the ids of the
-        env's observation, which the model reads and is never trained on."""
+        """Append a generated turn, its action's ``ranges`` and the ids of the env's observation."""
         start, n, m = len(self.ids), len(turn_ids), len(obs_ids)
         action, content_start, content_end = ranges if kind in KIND_IDS else (n, n, n)
         self.ids += [*turn_ids, *obs_ids]
@@ -77,8 +75,7 @@ class Transcript:
 
 
 def record_turn(tokenizer, transcript, turn, tokens, text, action, observation):
-    """Append a turn and its env's observation (text; returns its ids): the action's token
-    ranges are found once, here."""
+    """Append a turn (its action's ranges found here, once) and its observation; returns its ids."""
     obs_ids = tokenizer.encode(observation, add_special_tokens=False)
     ranges = action_ranges(tokenizer, tokens, text, action)
     transcript.add_turn(tokens, action.kind, turn, ranges, obs_ids)
@@ -96,8 +93,7 @@ def encode_episode(tokenizer, prompt, turns, observations):
 
 
 def pad(rows, fill, left=False):
-    """Lists of ids as one [len(rows), L >= 1] long tensor, filled with ``fill`` on the right
-    (or on the left, so that every row ends at column L)."""
+    """Lists of ids as one [len(rows), L >= 1] long tensor, right-padded with ``fill`` (or left)."""
     L = max(1, max(map(len, rows), default=0))
     padded = [[fill] * (L - len(r)) + r if left else r + [fill] * (L - len(r)) for r in rows]
     return torch.tensor(padded, dtype=torch.long).view(len(rows), L)
@@ -105,14 +101,13 @@ def pad(rows, fill, left=False):
 
 def collate(transcripts, pad_id):
     """Right-pad transcripts into a dict of [N, T] tensors (plus prompt_len [N] and spans)."""
-    return dict(
-        input_ids=pad([t.ids for t in transcripts], pad_id),
-        attention_mask=pad([[1] * len(t.ids) for t in transcripts], 0),
-        gen_mask=pad([t.gen for t in transcripts], 0),
-        info_mask=pad([t.info for t in transcripts], 0),
-        action_kind=pad([t.kind for t in transcripts], 0),
-        prompt_len=torch.tensor([t.prompt_len for t in transcripts]),
-        spans=[t.spans for t in transcripts])
+    return dict(input_ids=pad([t.ids for t in transcripts], pad_id),
+                attention_mask=pad([[1] * len(t.ids) for t in transcripts], 0),
+                gen_mask=pad([t.gen for t in transcripts], 0),
+                info_mask=pad([t.info for t in transcripts], 0),
+                action_kind=pad([t.kind for t in transcripts], 0),
+                prompt_len=torch.tensor([t.prompt_len for t in transcripts]),
+                spans=[t.spans for t in transcripts])
 
 
 # ----------------------------------------------------------------------------- rollout
@@ -137,8 +132,7 @@ class Rollouts:
 
 @torch.no_grad()
 def rollout(policy, tokenizer, envs, max_new_tokens=64, temperature=1.0, greedy=False):
-    """Play one episode per env (search_env.episodes), one batched turn at a time: ``generate``
-    reads every unfinished transcript and samples until a stop string or eos."""
+    """Play one episode per env (search_env.episodes), one batched ``generate`` per turn."""
     device, pad_id = next(policy.parameters()).device, tokenizer.pad_token_id
     eos = eos_ids(policy, tokenizer)
     # Every sampling knob is pinned: generate fills unset ones from the model's own
@@ -190,7 +184,6 @@ def cut_turn(tokenizer, tokens, eos_ids, pad_id):
     while tokens and tokens[-1] == pad_id:   # a row that stopped early, padded by generate
         tokens = tokens[:-1]
     text = tokenizer.decode(tokens)
-    end = stop_end(text)
-    if end is not None:
+    if (end := stop_end(text)) is not None:
         tokens, text = tokens[:token_at(tokenizer, tokens, end - 1) + 1], text[:end]
     return tokens, text

@@ -1,7 +1,6 @@
-"""Run plumbing, so that train.py can be the loop: the checked config, processes, device and
-seeds, checkpoints (an HF directory with ``state.pt`` beside it, the last two kept), resume
-checks, the metrics log, and ``lab``, the one way the core reaches the lab folder.
-"""
+"""Run plumbing, so that train.py can be the loop: the checked config, processes, device and seeds,
+checkpoints (an HF directory with ``state.pt`` beside it, the last two kept), resume checks, the
+metrics log, and ``lab``, the one way the core reaches the lab folder."""
 import ast
 import hashlib
 import importlib
@@ -49,11 +48,9 @@ def check_setting(name, value, text, defaults, schema, where=""):
     """``value`` if its type is the default's (an int will do for a float), else stop saying why."""
     if name not in defaults:
         raise SystemExit(f"{where}unknown setting {name!r}; allowed: {', '.join(sorted(defaults))}")
-    default = defaults[name]
-    if name in schema.auto:          # "auto", or a number of the type its auto values have
-        if value == "auto":
-            return value
-        default = schema.auto[name][0]
+    if name in schema.auto and value == "auto":    # else a number of its auto values' type
+        return value
+    default = schema.auto[name][0] if name in schema.auto else defaults[name]
     if isinstance(default, float) and isinstance(value, int) and not isinstance(value, bool):
         value = float(value)
     if type(value) is not type(default):
@@ -67,7 +64,7 @@ def check_setting(name, value, text, defaults, schema, where=""):
 
 
 def read_config_file(path, defaults, schema):
-    """A preset file's ``NAME = literal`` lines, parsed with ast, never executed."""
+    """(name, value) of each ``NAME = literal`` line of a preset file: parsed, never executed."""
     if not os.path.isfile(path):
         raise SystemExit(f"no config file {path!r}; the presets are config/*.py")
     source = open(path).read()
@@ -75,7 +72,6 @@ def read_config_file(path, defaults, schema):
         tree = ast.parse(source, filename=path)
     except SyntaxError as e:
         raise SystemExit(f"{path}, line {e.lineno}: not a valid config file: {e.msg}") from None
-    settings = {}
     for node in tree.body:
         where = f"{path}, line {node.lineno}: "
         if isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant):
@@ -90,8 +86,7 @@ def read_config_file(path, defaults, schema):
         except ValueError:
             raise SystemExit(f"{where}{name}: the value must be a literal (a number, a quoted "
                              f"string, True or False), got {text!r}") from None
-        settings[name] = check_setting(name, value, text, defaults, schema, where)
-    return settings
+        yield name, check_setting(name, value, text, defaults, schema, where)
 
 
 def parse_overrides(argv, defaults, schema):
@@ -170,15 +165,13 @@ def setup(cfg):
                          f"{world_size} processes")
     if dist.is_initialized() and rank == 0:
         print(f"DDP: {world_size} processes, backend {dist.get_backend()}")
-    device, dtype = pick_device(cfg)
     # The cores are split between the ranks; OMP_NUM_THREADS, when set, wins.
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", 0))
                           or max(1, (os.cpu_count() or 1) // world_size))
-    return rank, world_size, device, dtype
+    return (rank, world_size, *pick_device(cfg))
 
 
 def rank_and_size():
-    """(this process's rank, the number of processes): (0, 1) outside torchrun."""
     return (dist.get_rank(), dist.get_world_size()) if dist.is_initialized() else (0, 1)
 
 

@@ -4,8 +4,7 @@ protocol (the model writes ``<search> q </search>``, receives ``<information> ..
 
 ``exact_match`` is what evaluation reports; ``reward`` is what training optimises (exact match
 unless edited). A retriever is anything with ``search(query, k)`` returning ``Doc`` lists: a
-``World``, or one of the lab's (lab/real_data.py); ``SearchEnv`` never asks which.
-"""
+``World``, or one of the lab's (lab/real_data.py); ``SearchEnv`` never asks which."""
 import math
 import re
 import string
@@ -25,15 +24,14 @@ MAX_ACTION_CHARS = 120  # a query or answer longer than this is a runaway genera
 
 INSTRUCTION = ("answer the question. use <search> query </search> to search, "
                "then <answer> answer </answer>.")
+INVALID_OBSERVATION = (f"{INFO} invalid turn. use {SEARCH} query {SEARCH_END} "
+                       f"or {ANSWER} answer {ANSWER_END}. {INFO_END}")
 
 
 # ----------------------------------------------------------------------------- normalisation
-_DROP_PUNCT = str.maketrans("", "", string.punctuation)
-
-
 def normalize_answer(text):
     """SQuAD normalisation: lower-case, no punctuation, no a/an/the, single spaces."""
-    text = text.lower().translate(_DROP_PUNCT)
+    text = text.lower().translate(str.maketrans("", "", string.punctuation))
     text = re.sub(r"\b(a|an|the)\b", " ", text)
     return " ".join(text.split())
 
@@ -94,7 +92,6 @@ class World:
         return [q for q in self.questions if q.split == name]
 
     def search(self, query, k=3):
-        """Doc objects of the top-k BM25 hits for a query."""
         return [self.docs[i] for i, _ in self.bm25.search(query, k)]
 
     def retriever(self, question):
@@ -138,8 +135,7 @@ class BM25:
         return scores
 
     def search(self, query, k=3):
-        """(doc index, score) of the top k with a positive score, best first, ties to the lower
-        index (sorted() keeps the order of equal keys)."""
+        """(doc index, score) of the top k scoring above 0, best first, ties to the lower index."""
         s = self.scores(query)
         best = sorted((i for i in range(len(s)) if s[i] > 0), key=lambda i: -s[i])
         return [(i, s[i]) for i in best[:k]]
@@ -182,8 +178,7 @@ def parse_action(turn_text):
              (0 < len(body.strip()) <= MAX_ACTION_CHARS, f"empty or runaway {kind}"),
              (counts[THINK] == counts[THINK_END] == text[:start].count(THINK_END),
               "unbalanced <think>")]
-    broken = next((why for ok, why in rules if not ok), None)
-    if broken:
+    if broken := next((why for ok, why in rules if not ok), None):
         return Action("invalid", broken)
     # offsets in turn_text itself, which the rollout maps to tokens: text is it, stripped
     lead = len(turn_text) - len(turn_text.lstrip())
@@ -192,8 +187,7 @@ def parse_action(turn_text):
 
 def stop_end(text):
     """Where the first stop string in ``text`` ends (the index after it), or None."""
-    ends = [text.find(s) + len(s) for s in STOP_STRINGS if s in text]
-    return min(ends) if ends else None
+    return min((text.find(s) + len(s) for s in STOP_STRINGS if s in text), default=None)
 
 
 def format_information(docs):
@@ -206,10 +200,6 @@ def format_information(docs):
     return f"{INFO} {body} {INFO_END}"
 
 
-INVALID_OBSERVATION = (f"{INFO} invalid turn. use {SEARCH} query {SEARCH_END} "
-                       f"or {ANSWER} answer {ANSWER_END}. {INFO_END}")
-
-
 @dataclass
 class StepResult:
     observation: str   # text to append to the transcript ("" when the episode is done)
@@ -219,8 +209,7 @@ class StepResult:
 
 
 class SearchEnv:
-    """One episode of one question: each generated turn in, an observation out. ``reward`` is what
-    training optimises, ``em`` what evaluation reports (the same until ``reward`` changes)."""
+    """One episode of one question: each generated turn in, an observation out."""
 
     def __init__(self, retriever, question, max_turns=4, top_k=3):
         self.retriever, self.question = retriever, question

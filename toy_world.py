@@ -93,11 +93,10 @@ def make_world(seed=0, n_people=120, n_cities=40, n_countries=10, n_films=60, n_
     director = {f: rng.choice(people) for f in films}
     founder = {k: rng.choice(people) for k in companies}
     based_in = {k: rng.choice([c for c in cities if c != born_in[founder[k]]]) for k in companies}
+    docs, doc_id, facts = [], {}, {}
 
     def other(pool, *exclude):
         return rng.choice([x for x in pool if x not in exclude])
-
-    docs, doc_id, facts = [], {}, {}
 
     def add_doc(title, predicates):
         """The text leaves out the title (shown beside it): short information; facts keep it."""

@@ -36,11 +36,10 @@ def batch(cfg, tokenizer, step):
     for _ in range(cfg["SFT_BATCH"]):
         q = rng.choice(questions)
         privileged = rng.random() < cfg["SFT_PRIVILEGED_FRAC"]
-        ep = toy_world.expert_episode(
-            q, world, noise=0.0 if privileged else cfg["SFT_NOISE"], rng=rng,
-            max_turns=cfg["MAX_TURNS"], top_k=cfg["TOP_K"],
-            stop_early=0.0 if privileged else cfg["SFT_STOP_EARLY"],
-            partial_name=0.0 if privileged else cfg["SFT_PARTIAL_NAME"])
+        ep = toy_world.expert_episode(q, world, noise=0.0 if privileged else cfg["SFT_NOISE"],
+                                      rng=rng, max_turns=cfg["MAX_TURNS"], top_k=cfg["TOP_K"],
+                                      stop_early=0.0 if privileged else cfg["SFT_STOP_EARLY"],
+                                      partial_name=0.0 if privileged else cfg["SFT_PARTIAL_NAME"])
         prompt = model.render_prompt(tokenizer, q)
         tr = rollout.encode_episode(tokenizer, prompt, ep.turns, ep.observations)
         # Out of the context loss: position 0 (nothing predicts it) and the privileged blocks.
@@ -86,18 +85,13 @@ def privileged_demonstration(tr, evidence_ids, answer_ids, evidence_at, answer_a
     return out, student_pos
 
 
-def cache_path(cfg):
-    """Where the warm-up of these settings is cached: SFT_DIR-<hash of KEYS and the model shape>."""
-    key = [cfg[k] for k in KEYS] + [model.SIZES.get(cfg["MODEL"])]
-    return f"{cfg['SFT_DIR']}-{hashlib.sha1(json.dumps(key).encode()).hexdigest()[:10]}"
-
-
 def run(cfg, policy, tokenizer, rank=0):
     """Fit ``policy`` to expert transcripts, or load the cached result. Returns the warm-up's path
     (a pretrained model with SFT_STEPS=0: the model's name, no copy of its weights on disk)."""
     if cfg["SFT_STEPS"] == 0 and cfg["MODEL"] not in model.SIZES:
         return cfg["MODEL"]
-    path = cache_path(cfg)
+    key = [cfg[k] for k in KEYS] + [model.SIZES.get(cfg["MODEL"])]    # cached at SFT_DIR-<hash>
+    path = f"{cfg['SFT_DIR']}-{hashlib.sha1(json.dumps(key).encode()).hexdigest()[:10]}"
     # Rank 0 alone decides whether to train: if each rank checked the disk itself, a slow rank
     # could find rank 0's fresh save, skip the barrier below, and leave rank 0 waiting forever.
     cached = os.path.isdir(path)
