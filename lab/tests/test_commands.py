@@ -68,6 +68,7 @@ COMMANDS = {
     "lab/results/v3_tables.py": TABLES,
     "lab/results/v4_tables.py": TABLES,
     "lab/results/v5_tables.py --plot PNG": TABLES,
+    "lab/results/lora_tables.py [--collect DIR]": "test_lora_tables_print_the_committed_write_up",
     "lab/results/credit_picture.py WARMUP_DIR": "test_credit_picture",
     "lab/results/gap_temperature.py WARMUP_DIR": "test_gap_temperature",
 }
@@ -292,6 +293,29 @@ def test_table_scripts_print_the_committed_tables(monkeypatch, capsys, tmp_path)
         written = open(os.path.join(RESULTS, f"results-{version}.md")).read()
         assert len(table) > 8 and [line for line in table if line not in written] == [], version
     assert os.path.getsize(tmp_path / "curves.png") > 10_000
+
+
+def test_lora_tables_print_the_committed_write_up(monkeypatch, capsys, tmp_path):
+    command(monkeypatch, "lab/results/lora_tables.py")
+    printed = capsys.readouterr().out
+    written = open(os.path.join(RESULTS, "lora.md")).read()
+    tables = [line for line in printed.splitlines() if line.startswith("|")]
+    assert len(tables) > 20 and [line for line in tables if line not in written] == []
+    # --collect rebuilds the records from a protocol's directory (here: from the records)
+    records = json.load(open(os.path.join(RESULTS, "lora-records.json")))
+    exp = tmp_path / "exp"
+    (exp / "mem").mkdir(parents=True)
+    json.dump({"validation_macro": records["validation_macro"], "chosen": records["chosen_lr"]},
+              open(exp / "chosen-lr.json", "w"))
+    json.dump(records["heldout"], open(exp / "heldout.json", "w"))
+    for p in records["cpu_probes"]:
+        name = f"{p['shape']}-l{p['layers']}-r{p['lora_rank']}.json"
+        json.dump({k: v for k, v in p.items() if k != "shape"}, open(exp / "mem" / name, "w"))
+    monkeypatch.syspath_prepend(RESULTS)
+    import lora_tables
+    monkeypatch.setattr(lora_tables, "RECORDS", str(tmp_path / "records.json"))
+    lora_tables.collect(str(exp))
+    assert json.load(open(tmp_path / "records.json")) == records
 
 
 def test_credit_picture(tiny, expert_play, monkeypatch, capsys, tmp_path):
