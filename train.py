@@ -2,6 +2,7 @@
 
     python train.py                                   # embedded tiny model, CPU or one GPU
     python train.py --METHOD=grpo --SEED=1            # any constant below can be overridden
+    python train.py --LORA_RANK=16                    # RL trains a LoRA adapter, not every weight
     python train.py config/qwen2.5-0.5b-instruct.py   # a preset file, then overrides: later wins
     python train.py --OUT_DIR=out/run --resume        # continue from the latest checkpoint
     python train.py --OUT_DIR=out/run --overwrite     # start again, deleting the run that is there

@@ -55,6 +55,9 @@ def strip_timing(rs):
     ("--MAX_NEW_TOKENS=0", "^MAX_NEW_TOKENS=0: allowed values are >= 1$"),
     ("--EVISD_LAMBDA=1", "^EVISD_LAMBDA=1.0: allowed values are >= 0 and < 1$"),
     ("--EVISD_TAU=0", "^EVISD_TAU=0.0: allowed values are > 0$"),
+    ("--LORA_RANK=-4", "^LORA_RANK=-4: allowed values are >= 0$"),
+    ("--LORA_RANK=1.5", "expected int"),
+    ("--LORA_ALPHA=0", "^LORA_ALPHA=0.0: allowed values are > 0$"),
     ("--LR=-0.5", r"^LR=-0.5: allowed values are > 0 \(or auto\)$"),
     ("--LR=fast", 'expected float like 0.0002 or "auto"'),
     ("--SFT_NOISE=2", "^SFT_NOISE=2.0: allowed values are from 0 to 1$"),
@@ -94,6 +97,10 @@ def test_settings_without_effect_are_named():
     cfg, _, _ = train.configure(["--EVISD_FORM=gated_loss", "--EVISD_SPAN=response",
                                  "--EVISD_LAMBDA=0.3"])
     assert train.unread_settings(cfg) == ["EVISD_LAMBDA=0.3 (under EVISD_FORM='gated_loss')"]
+    # LoRA's scale without an adapter; with one, it is read
+    cfg, _, _ = train.configure(["--LORA_ALPHA=16"])
+    assert train.unread_settings(cfg) == ["LORA_ALPHA=16.0 (under LORA_RANK=0)"]
+    assert train.unread_settings(train.configure(["--LORA_ALPHA=16", "--LORA_RANK=8"])[0]) == []
 
 
 def test_an_empty_model_directory_is_named_before_any_work(tmp_path):
