@@ -18,7 +18,7 @@ import train
 from lab import export
 from test_device import CFG, DTYPES, device, sampled  # noqa: F401 (fixtures)
 from test_rollout import tok, trained, world  # noqa: F401 (fixtures)
-from test_train import TINY, rows, strip_timing
+from test_train import TINY, rows, run, strip_timing
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -85,11 +85,8 @@ def test_rl_steps_move_only_the_adapter_and_the_reference_is_the_base(sampled, w
 def lora_run(tmp_path, name, *extra):
     # OPSD's advantage is the teacher's gap, so the adapter moves even where every reward is 0,
     # once a warm-up of 40 steps writes actions for the teacher to re-score.
-    out = str(tmp_path / name)
-    train.main(TINY + [f"--OUT_DIR={out}", f"--SFT_DIR={tmp_path}/sft", "--LORA_RANK=4",
-                       "--METHOD=opsd", "--LR=1e-3", "--SFT_STEPS=40", "--PPO_EPOCHS=1",
-                       *extra])
-    return out
+    return run(tmp_path, name, "--LORA_RANK=4", "--METHOD=opsd", "--LR=1e-3", "--SFT_STEPS=40",
+               "--PPO_EPOCHS=1", *extra)
 
 
 def test_a_lora_run_resumes_is_evaluated_and_merges(tmp_path, capsys, monkeypatch):

@@ -80,9 +80,10 @@ def cpu_table(records):
     probes = records["cpu_probes"]
     rows = ["| shape | layers | parameters | full fine-tuning + reference | LoRA r16 "
             "| LoRA / full |", "|---|---|---|---|---|---|"]
-    sizes = sorted({(p["shape"], p["layers"]) for p in probes}, key=lambda s: [
-        p["params"] for p in probes if (p["shape"], p["layers"]) == s and not p["lora_rank"]][0])
     by = {(p["shape"], p["layers"], p["lora_rank"]): p for p in probes}
+    # each size once, smallest first
+    sizes = sorted({(shape, layers) for shape, layers, _ in by},
+                   key=lambda size: by[(*size, 0)]["params"])
     for shape, layers in sizes:
         full, lora = by[(shape, layers, 0)], by[(shape, layers, RANK)]
         rows.append(f"| {shape} | {layers} | {full['params'] / 1e9:.3f}B | "
