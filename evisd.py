@@ -81,11 +81,13 @@ def credit(policy, tokenizer, world, rollouts, adv, student_logp, cfg):
 
 
 # ----------------------------------------------------------------------------- which tokens
-def scored_range(span, setting):
+def scored_range(span, cfg):
     """The range [lo, hi) of one turn (rollout.Span) that EVISD_SPAN covers: its content (the
-    paper's), its whole action with the tags (ours), or the whole turn."""
-    return {"content": (span.content_start, span.content_end), "action": (span.action, span.end),
-            "response": (span.start, span.end)}[setting]
+    paper's), its whole action with the tags (ours), or the whole turn; never a token before the
+    turn's privileged block (the <answer> tag under ANSWER_AT="content"), which no teacher read."""
+    lo, hi = {"content": (span.content_start, span.content_end), "action": (span.action, span.end),
+              "response": (span.start, span.end)}[cfg["EVISD_SPAN"]]
+    return max(lo, block_position(span, cfg)), hi
 
 
 def scored_turns(spans, cfg):
@@ -101,7 +103,7 @@ def correction_mask(rollouts, cfg):
     mask = torch.zeros_like(rollouts.gen_mask, dtype=torch.bool)
     for i, spans in enumerate(rollouts.spans):
         for span in sum(scored_turns(spans, cfg), []):   # the searches, then the answers
-            mask[i, slice(*scored_range(span, cfg["EVISD_SPAN"]))] = True
+            mask[i, slice(*scored_range(span, cfg))] = True
     return mask & rollouts.gen_mask.bool()
 
 
@@ -160,7 +162,7 @@ def teacher_batch(tokenizer, world, rollouts, rows, cfg):
         blocks = privileged_ids(tokenizer, rollouts.questions[i], world)
         student = rollouts.input_ids[i, :int(rollouts.attention_mask[i].sum())].tolist()
         for block, turns in teachers(rollouts.spans[i], *blocks, cfg):
-            scored = {p for s in turns for p in range(*scored_range(s, cfg["EVISD_SPAN"]))}
+            scored = {p for s in turns for p in range(*scored_range(s, cfg))}
             if not scored:
                 continue
             positions = [block_position(s, cfg) for s in turns]

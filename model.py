@@ -11,8 +11,9 @@ import torch
 from peft import LoraConfig, PeftModel, get_peft_model
 from torch.utils.checkpoint import checkpoint
 from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, trainers
-from transformers import (AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerFast, Qwen2Config,
-                          Qwen2ForCausalLM, logging as transformers_logging)
+from transformers import (AutoModelForCausalLM, AutoTokenizer, GenerationConfig,
+                          PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM,
+                          logging as transformers_logging)
 
 from search_env import INSTRUCTION, INVALID_OBSERVATION, TAGS, Question, format_information
 from toy_world import SYLLABLES, expert_episode, make_world
@@ -147,6 +148,20 @@ def add_lora(lm, rank, alpha, base_dtype, base_name, seed=0):
 def without_adapter(lm):
     """A context in which ``lm`` is its base model: a LoRA model's adapter off; any other as is."""
     return lm.disable_adapter() if isinstance(lm, PeftModel) else contextlib.nullcontext()
+
+
+@contextlib.contextmanager
+def only_given_generation_config(lm):
+    """A context in which ``lm.generate`` follows the GenerationConfig it is passed, nothing else.
+    The model's own (an instruct model ships do_sample, temperature, top_k, top_p, a repetition
+    penalty) is set aside: transformers 4.50-4.57 take from it every passed value that equals the
+    library default (do_sample=False among them), 5.x every value left unset."""
+    hf = lm.get_base_model() if isinstance(lm, PeftModel) else lm
+    own, hf.generation_config = hf.generation_config, GenerationConfig()
+    try:
+        yield
+    finally:
+        hf.generation_config = own
 
 
 def autocast(device, dtype):

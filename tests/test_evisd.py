@@ -264,8 +264,14 @@ def test_correction_mask_by_span_and_privilege(setup):
     tok, world, q, tr = setup
     r = batch_of(tok, q, [tr])
     content_m = evisd.correction_mask(r, knobs())[0]
-    action_m = evisd.correction_mask(r, knobs(EVISD_SPAN="action"))[0]
+    action_m = evisd.correction_mask(r, knobs(EVISD_SPAN="action", ANSWER_AT="tag"))[0]
     assert torch.equal(action_m, r.action_kind[0] > 0)
+    # With the golden answer after the <answer> tag, the tag is read before it: not in m.
+    answer = next(s for s in tr.spans if s.kind == "answer")
+    after_tag = evisd.correction_mask(r, knobs(EVISD_SPAN="action"))[0]
+    assert not after_tag[answer.action:answer.content_start].any()
+    assert torch.equal(after_tag[:answer.action], action_m[:answer.action])
+    assert torch.equal(after_tag[answer.content_start:], action_m[answer.content_start:])
     assert (content_m <= action_m).all() and content_m.sum() < action_m.sum()
     assert set(content_m.nonzero().squeeze(1).tolist()) == (content(tr.spans, "search")
                                                             | content(tr.spans, "answer"))
@@ -274,6 +280,29 @@ def test_correction_mask_by_span_and_privilege(setup):
     no_answer = evisd.correction_mask(
         r, knobs(USE_ANSWER_PRIVILEGE=False, EVISD_SPAN="response"))[0]
     assert not no_answer[next(s for s in tr.spans if s.kind == "answer").start:].any()
+
+
+@pytest.mark.parametrize("span", evisd.CHOICES["EVISD_SPAN"])
+@pytest.mark.parametrize("answer_at", evisd.CHOICES["ANSWER_AT"])
+@pytest.mark.parametrize("context", evisd.CHOICES["TEACHER_CONTEXT"])
+def test_every_token_in_m_is_scored_after_its_turns_block(setup, span, answer_at, context):
+    """No token's gap is taken without its privilege: in every teacher sequence, each scored
+    token has a block inserted before it within its own turn, and m is exactly what is scored."""
+    tok, world, _, _ = setup
+    q, tr = _three_search_episode(tok, world, first="<think> hmm </think> no tag")
+    settings = knobs(EVISD_SPAN=span, ANSWER_AT=answer_at, TEACHER_CONTEXT=context)
+    r = batch_of(tok, q, [tr])
+    scored_anywhere = set()
+    for ids, pos, scored in sequences(evisd.teacher_batch(tok, world, r, [0], settings)):
+        for p in scored:
+            turn = next(s for s in tr.spans if s.start <= p < s.end)
+            j = pos.index(p) - 1
+            while pos[j] >= turn.start:        # back over this turn's own tokens
+                j -= 1
+            assert pos[j] < 0, (p, turn.kind, tok.decode(tr.ids[turn.start:p + 1]))
+        scored_anywhere |= scored
+    m = evisd.correction_mask(r, settings)[0]
+    assert set(m.nonzero().squeeze(1).tolist()) == scored_anywhere and scored_anywhere
 
 
 def test_content_is_the_query_or_answer_between_the_tags(both_tokenizers):
@@ -457,14 +486,16 @@ def sampled(tok, trained, world):
 
 def expected_mask(r, span, evidence, answer):
     """What m must hold, read off the recorded spans: the content, the action (tags too) or the
-    whole turn of each privileged kind; invalid turns count as searching under "response"."""
+    whole turn of each privileged kind; invalid turns count as searching under "response". Under
+    "action" the <answer> tag is left out: the golden answer sits after it (ANSWER_AT="content")."""
     out = set()
     for i, spans in enumerate(r.spans):
         for s in spans:
             if s.kind == "answer" and answer or evidence and (
                     s.kind == "search" or s.kind == "invalid" and span == "response"):
                 lo, hi = {"content": (s.content_start, s.content_end),
-                          "action": (s.action, s.end), "response": (s.start, s.end)}[span]
+                          "action": (s.content_start if s.kind == "answer" else s.action, s.end),
+                          "response": (s.start, s.end)}[span]
                 out |= {(i, t) for t in range(lo, hi)}
     return out
 

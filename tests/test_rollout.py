@@ -1,15 +1,19 @@
 """Tests for rollout.py: rollouts, their masks and the action ranges recorded as turns are cut;
 transcripts of text episodes. Its fixtures (tokenizers, models, a world) serve other test files."""
+import json
+import os
 import random
 
 import pytest
 import torch
 from transformers import LogitsProcessor, LogitsProcessorList
 
+import evaluate
 import model
 import rollout
 import search_env
 import toy_world
+import train
 
 
 @pytest.fixture(scope="session")
@@ -183,6 +187,69 @@ def test_left_padded_turns_match_a_fresh_forward(tok, trained, world):
     """Each turn's left padding and the finished rows left out of the batch must give each
     sequence exactly what a plain forward over its right-padded transcript gives."""
     greedy_tokens_are_a_fresh_forwards_argmax(rollout.rollout, tok, trained, world)
+
+
+def instruct_defaults(standin_dir):
+    """The stand-in's generation_config.json, as an instruct checkpoint saved by transformers >=
+    4.50 ships it: generate on 4.50-4.57 reads it wherever a passed value is the library default."""
+    with open(os.path.join(standin_dir, "generation_config.json")) as f:
+        saved = json.load(f)
+    stamp = tuple(int(x) for x in saved["transformers_version"].split(".")[:2])
+    assert stamp >= (4, 50) and saved["do_sample"] is True
+    assert (saved["temperature"], saved["top_k"], saved["top_p"]) == (0.7, 20, 0.8)
+    assert saved["repetition_penalty"] == 1.05
+
+
+def test_greedy_on_an_instruct_checkpoint_is_argmax_whatever_its_sampling_defaults(
+        standin, standin_dir, world):
+    """Greedy decoding (evaluation's) of a checkpoint that ships sampling defaults: the same
+    transcripts under three torch seeds, each token a fresh forward's argmax (no repetition
+    penalty), and the same EM from evaluate's greedy episodes twice."""
+    instruct_defaults(standin_dir)
+    lm, tok = standin
+    qs = world.split("train")[:4]
+    played = []
+    for seed in (0, 1, 2):
+        torch.manual_seed(seed)
+        played.append(rollout.rollout(lm, tok, search_env.episodes(world, qs, 1, max_turns=2),
+                                      max_new_tokens=16, greedy=True))
+    for r in played[1:]:
+        assert torch.equal(r.input_ids, played[0].input_ids) and r.turn_texts == played[0].turn_texts
+    r = played[0]
+    with torch.no_grad():
+        logits = lm(input_ids=r.input_ids, attention_mask=r.attention_mask).logits.float()
+    gen = r.gen_mask[:, 1:].bool()
+    chosen = logits[:, :-1].gather(-1, r.input_ids[:, 1:, None]).squeeze(-1)
+    assert gen.sum() > 40
+    assert (logits[:, :-1].max(-1).values - chosen)[gen].max() < 1e-4
+    cfg = dict(train.DEFAULTS, MAX_TURNS=2, MAX_NEW_TOKENS=16)
+    ems = [evaluate.greedy_episodes(lm, tok, cfg, world, qs)[1] for _ in range(2)]
+    assert ems[0] == ems[1]
+
+
+def test_sampling_on_an_instruct_checkpoint_draws_from_softmax_of_logits_over_t(
+        standin, standin_dir, world, monkeypatch):
+    """The rollout's first draw of each episode is from softmax(logits / T) of a fresh forward
+    over its prompt, exactly: no top_k, top_p or repetition penalty from the checkpoint."""
+    instruct_defaults(standin_dir)
+    lm, tok = standin
+    drawn_from, multinomial = [], torch.multinomial
+
+    def recorded(probs, *args, **kwargs):
+        drawn_from.append(probs.detach().float().clone())
+        return multinomial(probs, *args, **kwargs)
+    monkeypatch.setattr(torch, "multinomial", recorded)
+    qs = world.split("train")[:3]
+    rollout.rollout(lm, tok, search_env.episodes(world, qs, 1, max_turns=1), max_new_tokens=2,
+                    temperature=0.5)
+    assert drawn_from, "generate drew no sample through torch.multinomial"
+    for i, q in enumerate(qs):
+        prompt = tok.encode(model.render_prompt(tok, q), add_special_tokens=False)
+        with torch.no_grad():
+            logits = lm(input_ids=torch.tensor([prompt])).logits[0, -1].float()
+        want = torch.softmax(logits / 0.5, -1)
+        assert (drawn_from[0][i] > 0).sum() == len(want)     # no token cut off (top_k, top_p)
+        assert torch.allclose(drawn_from[0][i], want, atol=1e-6, rtol=1e-4)
 
 
 def test_encode_episode_matches_expert(tok, world):
