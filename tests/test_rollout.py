@@ -213,9 +213,9 @@ def test_greedy_on_an_instruct_checkpoint_is_argmax_whatever_its_sampling_defaul
         torch.manual_seed(seed)
         played.append(rollout.rollout(lm, tok, search_env.episodes(world, qs, 1, max_turns=2),
                                       max_new_tokens=16, greedy=True))
-    for r in played[1:]:
-        assert torch.equal(r.input_ids, played[0].input_ids) and r.turn_texts == played[0].turn_texts
     r = played[0]
+    assert all(torch.equal(p.input_ids, r.input_ids) and p.turn_texts == r.turn_texts
+               for p in played[1:])
     with torch.no_grad():
         logits = lm(input_ids=r.input_ids, attention_mask=r.attention_mask).logits.float()
     gen = r.gen_mask[:, 1:].bool()
