@@ -2,6 +2,7 @@
 checkpoints (an HF directory with ``state.pt`` beside it, the last two kept), resume checks, the
 metrics log, and ``lab``, the one way the core reaches the lab folder."""
 import ast
+import contextlib
 import hashlib
 import importlib
 import json
@@ -11,6 +12,7 @@ import re
 import shutil
 import signal
 import sys
+import threading
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -294,6 +296,35 @@ def stop_on_sigterm(signum, frame):
     raise Terminated
 
 
+_step = None   # inside one_step: the stops' own handlers once its update began, the stops held
+
+
+@contextlib.contextmanager
+def one_step():
+    """The block of one RL step in train.main. A stop (Ctrl-C, SIGTERM) raises at once until
+    rl_step calls ``update_begins``, then waits for the block's end: the weights, the step's log
+    row and the count of steps done change together, so a save never holds an update twice."""
+    global _step
+    _step = step = {"handlers": {}, "held": []}
+    try:
+        yield
+    finally:
+        _step = None
+        for signum, handler in step["handlers"].items():
+            signal.signal(signum, handler)
+    for signum in step["held"]:    # the block ended whole: now the stop acts
+        signal.raise_signal(signum)
+
+
+def update_begins():
+    """From here to the end of ``one_step``'s block, Ctrl-C and SIGTERM wait (rl_step's call)."""
+    step = _step      # signal handlers can be set in the main thread only
+    if step is None or step["handlers"] or threading.current_thread() != threading.main_thread():
+        return
+    step["handlers"] = {s: signal.signal(s, lambda signum, _: step["held"].append(signum))
+                        for s in (signal.SIGINT, signal.SIGTERM)}
+
+
 def open_run(cfg, resume, overwrite, run_keys, defaults, rank):
     """Make OUT_DIR ready: a fresh run stops before writing over another (--overwrite deletes it);
     --resume reads the newest checkpoint (or None) and stops if it is another run."""
@@ -360,7 +391,8 @@ def read_metrics(run_dir):
 
 def start_metrics(run_dir, resume, start, cfg):
     """config.json, and metrics.jsonl written atomically: empty, or on --resume from ``start`` the
-    rows the loop will not log again (steps before ``start``; its quick check unless it is 0)."""
+    rows the loop will not log again (steps before ``start``; its quick check unless it is 0).
+    Returns whether that quick check is kept (a stop during it leaves none)."""
     with open(os.path.join(run_dir, "config.json"), "w") as f:
         json.dump(cfg, f, indent=1)
     path = os.path.join(run_dir, "metrics.jsonl")
@@ -369,6 +401,7 @@ def start_metrics(run_dir, resume, start, cfg):
     with open(path + ".tmp", "w") as f:
         f.writelines(json.dumps(r) + "\n" for r in kept)
     os.replace(path + ".tmp", path)
+    return any(r["step"] == start and r.get("eval") for r in kept)
 
 
 def log_metrics(run_dir, row):

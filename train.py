@@ -239,6 +239,8 @@ def rl_step(cfg, step, world, policy, reference, tokenizer, optimizer):
     t_teacher = time.perf_counter() - t1 if cfg["METHOD"] != "grpo" else 0.0
 
     # 5. Loss and 6. optimizer step, PPO_EPOCHS times over the batch (the first reuses logp).
+    #    From here a stop (Ctrl-C, SIGTERM) waits until the loop has logged this step (runs.py).
+    runs.update_begins()
     for epoch in range(cfg["PPO_EPOCHS"]):
         logp = logp if epoch == 0 else logprobs(policy)                     # [N, T]
         loss, stats = grpo.policy_loss(logp, old_logp, ref_logp, token_adv, gen_mask,
@@ -333,8 +335,7 @@ def main(argv):
     optimizer = torch.optim.AdamW(trained, lr=cfg["LR"], weight_decay=0.0)
     start, bad_steps = runs.restore(resumed, policy, optimizer, rank) if resumed else (0, 0)
     del resumed
-    if rank == 0:
-        runs.start_metrics(out, resume, start, cfg)
+    checked = runs.start_metrics(out, resume, start, cfg) if rank == 0 else True
 
     def save(step):
         if rank == 0:
@@ -350,30 +351,36 @@ def main(argv):
         return f"{'warm-up' if step == 0 else f'step {step}'}: held-out EM " + ", ".join(
             f"{label} {em[k]:.2f}" for k, label in shown.items() if em.get(k) is not None)
 
+    def check_due(done):
+        every = cfg["EVAL_EVERY"]
+        return rank == 0 and every and (done % every == 0 or done == cfg["RL_STEPS"])
+
     done, stopped = start, None   # done: steps whose update the weights hold, what a stop saves
     bar = tqdm(range(start, cfg["RL_STEPS"]), desc=cfg["METHOD"], disable=rank != 0,
                dynamic_ncols=True)
     try:
-        if start == 0 and cfg["EVAL_EVERY"] and rank == 0:
-            bar.write(quick_check(0))
+        if check_due(start) and not checked:   # at 0, or where a stop cut a quick check short
+            bar.write(quick_check(start))
         for step in bar:
-            world = step_world(cfg, step)
-            metrics, record = rl_step(cfg, step, world, policy, reference, tokenizer, optimizer)
-            if cfg["MEASURE"]:   # the lab's switch: what a benchmark measures beside the step
-                metrics.update(runs.lab("measure", "MEASURE=True").measure(cfg, record))
-            if world_size > 1:
-                runs.average_over_ranks(metrics, REDUCED, device)
-            bad_steps = bad_steps + 1 if metrics.get("nonfinite_loss") else 0
-            if rank == 0:
-                runs.log_metrics(out, metrics)
-                bar.set_postfix(reward=f"{metrics['reward']:.2f}", kl=f"{metrics['kl']:.3f}",
-                                moved=f"{metrics['modulated_frac']:.3f}")
+            # A stop raises during the rollout and waits during the update (runs.one_step).
+            with runs.one_step():
+                world = step_world(cfg, step)
+                metrics, record = rl_step(cfg, step, world, policy, reference, tokenizer,
+                                          optimizer)
+                if cfg["MEASURE"]:   # the lab's switch: what a benchmark measures beside the step
+                    metrics.update(runs.lab("measure", "MEASURE=True").measure(cfg, record))
+                if world_size > 1:
+                    runs.average_over_ranks(metrics, REDUCED, device)
+                bad_steps = bad_steps + 1 if metrics.get("nonfinite_loss") else 0
+                if rank == 0:
+                    runs.log_metrics(out, metrics)
+                    bar.set_postfix(reward=f"{metrics['reward']:.2f}", kl=f"{metrics['kl']:.3f}",
+                                    moved=f"{metrics['modulated_frac']:.3f}")
+                done = step + 1
             if bad_steps >= cfg["MAX_BAD_STEPS"]:
                 raise SystemExit(f"stopping: {bad_steps} consecutive steps had a NaN/inf loss "
                                  "(updates skipped); try a lower LR or DTYPE=float32")
-            done = step + 1
-            every = cfg["EVAL_EVERY"]
-            if every and rank == 0 and (done % every == 0 or done == cfg["RL_STEPS"]):
+            if check_due(done):
                 bar.write(quick_check(done))
             if (cfg["CKPT_EVERY"] and done % cfg["CKPT_EVERY"] == 0) or done == cfg["RL_STEPS"]:
                 save(done)

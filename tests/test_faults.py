@@ -202,3 +202,76 @@ def test_sigterm_saves_and_exits_like_ctrl_c(finished, tmp_path):
     assert f"interrupted: saving step {steps}" in open(tmp_path / "output.txt").read()
     path, _, _, state = runs.load_checkpoint(str(out))
     assert path == str(out / f"ckpt-{steps:06d}") and state["step"] == steps
+
+
+# ----------------------------------------------------------------------------- a stop anywhere
+STOPPED = TINY + ["--RL_STEPS=4", "--EVAL_EVERY=2", "--CKPT_EVERY=2"]   # PPO_EPOCHS=2
+
+
+@pytest.fixture
+def moving(monkeypatch):
+    """Every step updates the weights: advantages drawn from the step's own seeded RNG (after its
+    rollout), as a resumed step draws them again, where a tiny warm-up's rewards would all be 0."""
+    monkeypatch.setattr(train.grpo, "group_advantages",
+                        lambda rewards, group_size: torch.randn(len(rewards)))
+    old = signal.signal(signal.SIGTERM, runs.stop_on_sigterm)   # as python train.py has it
+    yield
+    signal.signal(signal.SIGTERM, old)
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(finished, tmp_path_factory):
+    """The run the stopped ones must become: its log rows and final weights."""
+    out = tmp_path_factory.mktemp("whole") / "run"
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(train.grpo, "group_advantages",
+                   lambda rewards, group_size: torch.randn(len(rewards)))
+        lm = train.main(STOPPED + [f"--OUT_DIR={out}", f"--SFT_DIR={finished}/sft"])
+    return strip_timing(rows(out)), {k: v.clone() for k, v in lm.state_dict().items()}
+
+
+# (what, the function, its call that the stop comes in, before or after the call). With the
+# warm-up cached, the calls of a 4-step run: rollouts 2 per quick check (steps 0, 2, 4) and 1 per
+# step; 2 backward passes and optimizer steps per step; a log row per step and quick check.
+STOPS = [("in the rollout of step 2", "rollout.rollout", 7, "before"),
+         ("after the backward of step 2", "torch.Tensor.backward", 5, "after"),
+         ("after the first optimizer step of step 2", "torch.optim.AdamW.step", 5, "after"),
+         ("after the second optimizer step of step 2", "torch.optim.AdamW.step", 6, "after"),
+         ("after step 2's log row", "runs.log_metrics", 5, "after"),
+         ("after the quick check at 2, before its row", "evaluate.heldout_em", 2, "after"),
+         ("after the quick check's row at 2", "runs.log_metrics", 4, "after"),
+         ("in the save of step 2", "model.save_checkpoint_dir", 1, "after")]
+
+
+@pytest.mark.parametrize("where, target, nth, when", STOPS, ids=[s[0] for s in STOPS])
+def test_a_stop_anywhere_in_a_step_resumes_to_the_same_run(finished, tmp_path, uninterrupted,
+                                                           moving, monkeypatch, where, target,
+                                                           nth, when):
+    """SIGTERM at each point of a step, then --resume: the same log rows as the uninterrupted
+    run, timings aside, and the same final weights, bit for bit (an update applied twice, or
+    a quick check lost, would show)."""
+    owner, name = target.rsplit(".", 1)
+    owner = {"rollout": train.rollout, "torch.Tensor": torch.Tensor, "runs": runs,
+             "torch.optim.AdamW": torch.optim.AdamW, "evaluate": evaluate, "model": model}[owner]
+    real, calls = getattr(owner, name), []
+
+    def stopping(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == nth and when == "before":
+            signal.raise_signal(signal.SIGTERM)
+        out = real(*args, **kwargs)
+        if len(calls) == nth and when == "after":
+            signal.raise_signal(signal.SIGTERM)
+        return out
+    monkeypatch.setattr(owner, name, stopping)
+    args = STOPPED + [f"--OUT_DIR={tmp_path}/run", f"--SFT_DIR={finished}/sft"]
+    with pytest.raises(SystemExit) as stop:
+        train.main(args)
+    assert stop.value.code == 128 + signal.SIGTERM and len(calls) >= nth
+    saved = runs.load_checkpoint(str(tmp_path / "run"))[3]["step"]
+    assert 2 <= saved <= 3                                   # stopped in step 2, not at the end
+    monkeypatch.setattr(owner, name, real)
+    lm = train.main(args + ["--resume"])
+    want_rows, want_weights = uninterrupted
+    assert strip_timing(rows(tmp_path / "run")) == want_rows
+    assert all(torch.equal(v, want_weights[k]) for k, v in lm.state_dict().items())
