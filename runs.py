@@ -325,7 +325,7 @@ def update_begins():
                         for s in (signal.SIGINT, signal.SIGTERM)}
 
 
-def open_run(cfg, resume, overwrite, run_keys, defaults, rank):
+def open_run(cfg, resume, overwrite, run_keys, defaults, schema, rank):
     """Make OUT_DIR ready: a fresh run stops before writing over another (--overwrite deletes it);
     --resume reads the newest checkpoint (or None) and stops if it is another run."""
     out = cfg["OUT_DIR"]
@@ -345,7 +345,8 @@ def open_run(cfg, resume, overwrite, run_keys, defaults, rank):
             os.remove(os.path.join(out, "metrics.jsonl"))
     resumed = load_checkpoint(out) if resume else None
     if resumed:
-        saved = {**defaults, **resumed[3]["config"]}   # a setting it lacks reads as the default
+        saved = {**defaults, **resumed[3]["config"]}   # a setting it lacks reads as the default,
+        resolve_auto(saved, schema)                    # "auto" made concrete as the run's was
         diff = {k: f"{k}={cfg[k]!r} (checkpoint: {saved.get(k)!r})" for k in cfg
                 if k != "OUT_DIR" and saved.get(k) != cfg[k]}   # a moved run is the same run
         if defining := [v for k, v in diff.items() if k in run_keys]:

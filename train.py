@@ -118,8 +118,17 @@ CONFIG_KEYS = [k for k, v in list(globals().items())
                if k.isupper() and isinstance(v, (int, float, bool, str))]
 DEFAULTS = {k: globals()[k] for k in CONFIG_KEYS}
 # A checkpoint resumed under other values of these would be another experiment spliced onto this
-# one, so --resume refuses; any other setting (RL_STEPS, EVAL_EVERY, DEVICE, ...) may change.
-RUN_KEYS = warmup.KEYS + ("METHOD", "FRESH_WORLDS", "LORA_RANK", "LORA_ALPHA") + evisd.KNOBS
+# one, so --resume refuses: the warm-up's settings, the RL recipe's, the data's and EviSD's.
+RUN_KEYS = warmup.KEYS + (
+    "METHOD", "FRESH_WORLDS", "QUESTIONS_PER_STEP", "GROUP_SIZE", "LR", "KL_COEF", "LORA_RANK",
+    "LORA_ALPHA", "CLIP_EPS", "PPO_EPOCHS", "MAX_NEW_TOKENS", "TEMPERATURE", "DATA",
+    "DATA_TRAIN", "CORPUS", "EVIDENCE") + evisd.KNOBS
+# These may change: how long the run goes, where and in what precision it computes, how it
+# decodes, what it evaluates, logs and saves. Each constant is in one of the two lists, and each
+# one the warm-up or a step reads in its list (tests/test_keys.py).
+FREE_KEYS = ("RL_STEPS", "OUT_DIR", "SFT_DIR", "DEVICE", "DTYPE", "GRADIENT_CHECKPOINTING",
+             "DECODE", "MAX_BAD_STEPS", "MEASURE", "EVAL_EVERY", "EVAL_QUESTIONS", "EVAL_SEED",
+             "VALIDATION_WORLDS", "CKPT_EVERY", "DATA_DEV", "RETRIEVER_URL")
 # The peers' credit rules (lab/peers.py): the same teacher's gap, credit in their papers' forms.
 PEERS = ("rlsd", "opsd", "sdar", "sd_search", "bicaa")
 
@@ -315,7 +324,7 @@ def main(argv):
     rank, world_size, device, dtype = runs.setup(cfg)
     out = cfg["OUT_DIR"]
     # OUT_DIR and the resume point are settled before the warm-up, so a mistake stops in seconds.
-    resumed = runs.open_run(cfg, resume, overwrite, RUN_KEYS, DEFAULTS, rank)   # (path, ..., state)
+    resumed = runs.open_run(cfg, resume, overwrite, RUN_KEYS, DEFAULTS, SCHEMA, rank)
     if rank == 0:
         print(json.dumps(cfg))
         if unread := unread_settings(cfg):

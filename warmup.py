@@ -22,7 +22,8 @@ import toy_world
 # The warm-up's weights depend on these (and on the embedded model's shape): its cache key.
 KEYS = ("MODEL", "SEED", "PREV_TOKEN_INIT", "WORLD_SCALE", "TOP_K", "MAX_TURNS", "SFT_STEPS",
         "SFT_BATCH", "SFT_LR", "SFT_NOISE", "SFT_STOP_EARLY", "SFT_PARTIAL_NAME",
-        "SFT_CONTEXT_LOSS", "SFT_REPEAT_STEPS", "SFT_REPEAT_WORLDS", "SFT_PRIVILEGED_FRAC")
+        "SFT_CONTEXT_LOSS", "SFT_REPEAT_STEPS", "SFT_REPEAT_WORLDS", "SFT_PRIVILEGED_FRAC",
+        "GRAD_CLIP")
 
 
 def batch(cfg, tokenizer, step):

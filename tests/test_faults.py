@@ -158,11 +158,12 @@ def test_resume_refuses_a_changed_evisd_setting_and_reads_a_missing_one_as_defau
     out, args = run_copy
     with pytest.raises(SystemExit, match=r"another run: EVISD_LAMBDA=0.5 \(checkpoint: 0.2\)"):
         train.main(args + ["--resume", "--EVISD_LAMBDA=0.5"])
-    # A checkpoint saved before a knob existed: the missing key reads as today's default.
+    # A checkpoint saved before a knob existed: the missing key reads as today's default, an
+    # "auto" one (SFT_LR) as the value "auto" gives the checkpoint's model.
     for name in ckpt_names(out):
         path = os.path.join(out, name, "state.pt")
         state = torch.load(path, weights_only=False)
-        del state["config"]["ANSWER_AT"]
+        del state["config"]["ANSWER_AT"], state["config"]["SFT_LR"]
         torch.save(state, path)
     train.main(args + ["--resume", "--RL_STEPS=3"])
     assert [r["step"] for r in rows(out) if not r.get("eval")] == [0, 1, 2]

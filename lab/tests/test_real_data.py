@@ -22,6 +22,7 @@ import rollout
 import search_env
 import train
 from lab import oracle, real_data, report, retrieval
+from test_keys import RecordingConfig
 from test_rollout import ForcedLM
 
 DATA = os.path.join(os.path.dirname(__file__), "data")
@@ -566,6 +567,30 @@ def scripted_rollout(lm, tok, envs, *args, **kwargs):
                           turns=torch.tensor([e.turns for e in envs]),
                           questions=episodes, turn_texts=texts,
                           em=torch.tensor([e.em for e in envs]))
+
+
+@pytest.mark.parametrize("data", ["hotpotqa", "jsonl"])
+def test_real_data_reads_only_classified_settings(data, standin_dir, tmp_path, monkeypatch):
+    """A real-data run under a recording config (tests/test_keys.py): the loaders, the corpus,
+    the teacher's evidence and the quick check read run keys (DATA, DATA_TRAIN, CORPUS,
+    EVIDENCE) and free settings (DATA_DEV) only."""
+    monkeypatch.setattr(train.grpo, "group_advantages",
+                        lambda rewards, group_size: torch.randn(len(rewards)))
+    configure, recorded = train.configure, []
+
+    def recording(argv):
+        cfg, *flags = configure(argv)
+        recorded.append(RecordingConfig(cfg))
+        return (recorded[-1], *flags)
+    monkeypatch.setattr(train, "configure", recording)
+    extra = ([] if data == "hotpotqa" else
+             ["--DATA=jsonl", f"--DATA_TRAIN={NQ}", f"--DATA_DEV={NQ}",
+              f"--CORPUS={DATA}/searchr1_corpus.jsonl"])
+    train.main(hotpot_args(standin_dir, tmp_path / "run", "--RL_STEPS=1", "--EVAL_EVERY=1",
+                           "--EVAL_QUESTIONS=2", "--MAX_NEW_TOKENS=8", *extra))
+    reads = recorded[0].reads
+    assert {"DATA", "DATA_TRAIN", "DATA_DEV", "EVIDENCE", "CORPUS"} <= reads
+    assert not reads - set(train.RUN_KEYS) - set(train.FREE_KEYS)
 
 
 def test_the_report_card_grades_the_teacher_on_hotpotqa_evidence(standin_dir, tmp_path,
