@@ -193,6 +193,15 @@ def pick_device(cfg):
     return torch.device(device), getattr(torch, cfg["DTYPE"])
 
 
+def token_share(mask):
+    """This rank's masked tokens over the mean count of all ranks': a loss that is a mean over
+    this rank's tokens, times this share and averaged over the ranks, is the mean over all."""
+    mine = mask.sum().float()
+    total = mine.clone()
+    dist.all_reduce(total)
+    return mine * dist.get_world_size() / total.clamp(min=1.0)
+
+
 def all_reduce_gradients(policy):
     """Average the gradients over the ranks, as DDP does: every rank takes the same step."""
     for p in policy.parameters():

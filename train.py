@@ -248,6 +248,9 @@ def rl_step(cfg, step, world, policy, reference, tokenizer, optimizer):
     t_teacher = time.perf_counter() - t1 if cfg["METHOD"] != "grpo" else 0.0
 
     # 5. Loss and 6. optimizer step, PPO_EPOCHS times over the batch (the first reuses logp).
+    #    Under torchrun, each rank's loss is a mean over its own tokens: scaled by its share of
+    #    all ranks' tokens, the averaged gradient weighs every token alike, as on one process.
+    share = runs.token_share(gen_mask) if world_size > 1 else 1.0
     #    From here a stop (Ctrl-C, SIGTERM) waits until the loop has logged this step (runs.py).
     runs.update_begins()
     for epoch in range(cfg["PPO_EPOCHS"]):
@@ -258,6 +261,7 @@ def rl_step(cfg, step, world, policy, reference, tokenizer, optimizer):
             with model.autocast(device, dtype):
                 extra = extra_loss(policy, logp)
             loss, stats["extra_loss"] = loss + extra, extra.item()
+        loss = loss * share
         finite = torch.isfinite(loss.detach()).float()
         if world_size > 1:   # all ranks skip together, or the gradient all-reduce would hang
             dist.all_reduce(finite, op=dist.ReduceOp.MIN)
