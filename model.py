@@ -86,6 +86,18 @@ def prev_token_head(model, scale, back=1, frequencies=4):
         attn.q_proj.bias[d // 2:d // 2 + frequencies] = -scale * torch.sin(back * theta)
 
 
+def without_dropout(lm):
+    """``lm`` with every dropout off, as TRL's trainers have it: RL scores the student, the
+    teacher and the KL's reference in train mode (where gradient checkpointing acts), and a
+    dropout there would make each score, and the teacher's gap, noise. Qwen2's are 0 already."""
+    for module in lm.modules():
+        if isinstance(module, torch.nn.Dropout):
+            module.p = 0.0
+        elif isinstance(getattr(module, "attention_dropout", None), float):   # inside SDPA
+            module.attention_dropout = 0.0
+    return lm
+
+
 def load_model(name, dtype=None, local_files_only=None):
     """(model, tokenizer) from a directory or hub name: the local cache first, then the hub; a
     LoRA checkpoint is its base (named in adapter_config.json) with the adapter on top."""

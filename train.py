@@ -310,7 +310,7 @@ def build_policy(cfg, device):
             torch, cfg["DTYPE"] if frozen else "float32"))
     if cfg["GRADIENT_CHECKPOINTING"]:
         model.enable_checkpointing(policy)
-    return policy.to(device), tokenizer
+    return model.without_dropout(policy).to(device), tokenizer
 
 
 def frozen_reference(policy):

@@ -4,6 +4,7 @@ import glob
 import json
 import os
 import random
+import shutil
 
 import pytest
 import torch
@@ -328,3 +329,22 @@ def test_pretrained_standin_runs_rl_without_warmup_and_evaluates(tmp_path, stand
     evaluate.main([plain, preset, "--worlds", "1", "--json", js])
     got = json.load(open(js))["runs"]
     assert len(got) == 2 and all("macro" in r and r["warmup_macro"] is not None for r in got)
+
+
+def test_a_checkpoint_with_dropout_scores_the_same_tokens_the_same(tmp_path, standin_dir):
+    """A pretrained model whose config has attention dropout: RL scores it in train mode, so
+    the dropout is switched off, and at step 0 the policy's log-probs equal the frozen
+    reference's (KL exactly 0); two scorings of one batch are equal."""
+    path = tmp_path / "dropout"
+    shutil.copytree(standin_dir, path)
+    config = json.load(open(path / "config.json"))
+    json.dump(dict(config, attention_dropout=0.5), open(path / "config.json", "w"))
+    out = run(tmp_path, "run", f"--MODEL={path}", "--SFT_STEPS=0", "--RL_STEPS=1",
+              "--EVAL_EVERY=0", "--METHOD=grpo")
+    assert [r["kl"] for r in rows(out) if not r.get("eval")] == [0.0]
+    cfg = train.configure(TINY + [f"--MODEL={path}"])[0]
+    policy, tok = train.build_policy(cfg, torch.device("cpu"))
+    assert policy.model.layers[0].self_attn.attention_dropout == 0.0
+    ids = torch.tensor([tok.encode("a question about a person")])
+    scores = [model.token_logprobs(policy.train(), ids, torch.ones_like(ids)) for _ in range(2)]
+    assert torch.equal(*scores)
