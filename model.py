@@ -106,8 +106,9 @@ def load_model(name, dtype=None, local_files_only=None):
     if os.path.exists(adapter := os.path.join(name, "adapter_config.json")):
         base = load_model(json.load(open(adapter))["base_model_name_or_path"], dtype,
                           local_files_only)[0]
-        return (PeftModel.from_pretrained(base, name, is_trainable=True),
-                AutoTokenizer.from_pretrained(name))
+        lora = PeftModel.from_pretrained(base, name, is_trainable=True)
+        lora.name_or_path = name    # where it was read from, not its base's (PEFT's pass-through)
+        return lora, AutoTokenizer.from_pretrained(name)
     try:
         tokenizer = AutoTokenizer.from_pretrained(name, local_files_only=True)
         model = AutoModelForCausalLM.from_pretrained(name, dtype=dtype, local_files_only=True)

@@ -108,7 +108,8 @@ def cached_em(checkpoint, policy, tokenizer, cfg, worlds, validation=False, dtyp
 
 def cached_by_hops(policy, *args):
     """``cached_em`` in evaluate.run_summary's place of heldout_by_hops: the checkpoint is the
-    directory the model was read from, which HF keeps as its ``name_or_path``."""
+    directory the model was read from, which HF keeps as its ``name_or_path`` (a LoRA model's:
+    its adapter's directory, as model.load_model names it; PEFT would pass on its base's)."""
     return cached_em(policy.name_or_path, policy, *args)
 
 

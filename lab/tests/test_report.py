@@ -10,10 +10,11 @@ import pytest
 
 import evaluate
 import runs
+import train
 from lab import credit, curves, report
 from test_evaluate import rows_of
 from test_faults import finished, run_copy  # noqa: F401 (fixtures: a finished tiny run, copied)
-from test_train import run
+from test_train import TINY, run
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -163,3 +164,24 @@ def test_held_out_em_is_cached_per_checkpoint_and_dtype(run_copy, monkeypatch):
     monkeypatch.setattr(evaluate, "heldout_by_hops",
                         lambda *a, **k: pytest.fail("recomputed a cached EM"))
     report.main([out, "--worlds", "1", "--dtype", "bfloat16"])
+
+
+def test_held_out_em_of_lora_runs_is_cached_per_run(tmp_path, monkeypatch):
+    """Two LoRA runs of one seed and their warm-up: each is evaluated once and cached in its own
+    checkpoint, not under the base a PEFT model names (which would read one EM for all three)."""
+    runs_ = [str(tmp_path / f"{m}-s0") for m in ("evisd", "grpo")]
+    for out, method in zip(runs_, ("evisd", "grpo")):
+        train.main(TINY + ["--LORA_RANK=4", "--RL_STEPS=1", "--EVAL_EVERY=0", f"--METHOD={method}",
+                           f"--OUT_DIR={out}", f"--SFT_DIR={tmp_path}/sft"])
+    scored, heldout_by_hops = [], evaluate.heldout_by_hops
+
+    def counted(policy, *args):
+        scored.append(policy)
+        return heldout_by_hops(policy, *args)
+    monkeypatch.setattr(evaluate, "heldout_by_hops", counted)
+    report.main(runs_ + ["--worlds", "1"])
+    assert len(scored) == 3                                  # two runs and the warm-up
+    for out in runs_:
+        assert os.path.exists(os.path.join(runs.load_checkpoint(out)[0], "heldout-em.json"))
+    report.main(runs_ + ["--worlds", "1"])
+    assert len(scored) == 3                                  # read back, not recomputed
