@@ -126,6 +126,12 @@ def load_model(name, dtype=None, local_files_only=None):
     # Tags stay text, as in Search-R1: new tokens would be untrained embeddings. eos pads.
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
+    # Of its own generation config only the ids that end a turn are kept: the sampling is
+    # TEMPERATURE's alone. An instruct model's do_sample, top_k, top_p, repetition penalty would
+    # reach generate, which on transformers 4.50-4.57 takes them over passed library defaults.
+    own = model.generation_config
+    model.generation_config = GenerationConfig(
+        bos_token_id=own.bos_token_id, eos_token_id=own.eos_token_id, pad_token_id=own.pad_token_id)
     return model, tokenizer
 
 
@@ -161,20 +167,6 @@ def add_lora(lm, rank, alpha, base_dtype, base_name, seed=0):
 def without_adapter(lm):
     """A context in which ``lm`` is its base model: a LoRA model's adapter off; any other as is."""
     return lm.disable_adapter() if isinstance(lm, PeftModel) else contextlib.nullcontext()
-
-
-@contextlib.contextmanager
-def only_given_generation_config(lm):
-    """A context in which ``lm.generate`` follows the GenerationConfig it is passed, nothing else.
-    The model's own (an instruct model ships do_sample, temperature, top_k, top_p, a repetition
-    penalty) is set aside: transformers 4.50-4.57 take from it every passed value that equals the
-    library default (do_sample=False among them), 5.x every value left unset."""
-    hf = lm.get_base_model() if isinstance(lm, PeftModel) else lm
-    own, hf.generation_config = hf.generation_config, GenerationConfig()
-    try:
-        yield
-    finally:
-        hf.generation_config = own
 
 
 def autocast(device, dtype):

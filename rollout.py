@@ -12,7 +12,7 @@ from typing import NamedTuple
 import torch
 from transformers import GenerationConfig
 
-from model import only_given_generation_config, render_prompt
+from model import render_prompt
 from search_env import ANSWER, SEARCH, STOP_STRINGS, parse_action, stop_end
 
 KIND_IDS = {"search": 1, "answer": 2}  # values of action_kind; 0 = not inside an action
@@ -135,8 +135,8 @@ def rollout(policy, tokenizer, envs, max_new_tokens=64, temperature=1.0, greedy=
     """Play one episode per env (search_env.episodes), one batched ``generate`` per turn."""
     device, pad_id = next(policy.parameters()).device, tokenizer.pad_token_id
     eos = eos_ids(policy, tokenizer)
-    # Every sampling knob is pinned, and the model's own generation config set aside below: the
-    # loss needs the tokens drawn from softmax(logits / temperature) alone, evaluation argmax.
+    # Every sampling knob is pinned (model.load_model drops a checkpoint's own): the loss needs
+    # the tokens drawn from softmax(logits / temperature) alone, and evaluation the argmax.
     sampling = (dict(do_sample=False) if greedy
                 else dict(do_sample=True, temperature=temperature, top_k=0, top_p=1.0))
     gen_config = GenerationConfig(max_new_tokens=max_new_tokens, repetition_penalty=1.0,
@@ -154,9 +154,8 @@ def rollout(policy, tokenizer, envs, max_new_tokens=64, temperature=1.0, greedy=
         # left-padded, so that every row's next token comes at the same column
         ids = pad([transcripts[i].ids for i in rows], pad_id, left=True)          # [B, L]
         mask = pad([[1] * len(transcripts[i].ids) for i in rows], 0, left=True)   # [B, L]
-        with only_given_generation_config(policy):
-            out = policy.generate(input_ids=ids.to(device), attention_mask=mask.to(device),
-                                  tokenizer=tokenizer, generation_config=gen_config).cpu()
+        out = policy.generate(input_ids=ids.to(device), attention_mask=mask.to(device),
+                              tokenizer=tokenizer, generation_config=gen_config).cpu()
         for i, new in zip(rows, out[:, ids.shape[1]:].tolist()):
             tokens, text = cut_turn(tokenizer, new, eos, pad_id)
             result = envs[i].step(text)   # the env parses the action and answers it
