@@ -8,7 +8,8 @@ import urllib.parse
 import warnings
 
 import torch
-from peft import LoraConfig, PeftModel, get_peft_model
+import safetensors.torch
+from peft import LoraConfig, PeftModel, get_peft_model, set_peft_model_state_dict
 from torch.utils.checkpoint import checkpoint
 from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import (AutoModelForCausalLM, AutoTokenizer, GenerationConfig,
@@ -133,6 +134,24 @@ def load_model(name, dtype=None, local_files_only=None):
     model.generation_config = GenerationConfig(
         bos_token_id=own.bos_token_id, eos_token_id=own.eos_token_id, pad_token_id=own.pad_token_id)
     return model, tokenizer
+
+
+def read_weights(path):
+    """(weights, config) of a checkpoint directory: what --resume and the warm-up's cache copy
+    into the policy. A LoRA checkpoint's are its adapter's alone, with no config: the policy holds
+    the base already, and a second copy of a 7B base would cost 15 GB or more."""
+    if os.path.exists(os.path.join(path, "adapter_config.json")):
+        return safetensors.torch.load_file(os.path.join(path, "adapter_model.safetensors")), None
+    lm = AutoModelForCausalLM.from_pretrained(path, local_files_only=True)
+    return lm.state_dict(), lm.config
+
+
+def put_weights(lm, weights):
+    """Copy read_weights' weights into ``lm`` in place (a LoRA model: into its adapter)."""
+    if not isinstance(lm, PeftModel):
+        return lm.load_state_dict(weights)
+    if unexpected := set_peft_model_state_dict(lm, weights).unexpected_keys:
+        raise KeyError(f"the adapter has no {sorted(unexpected)[0]}")
 
 
 def _hub_answers(timeout=3.0):

@@ -18,7 +18,6 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 import torch.distributed as dist
-from transformers import AutoModelForCausalLM
 
 import model
 
@@ -233,11 +232,6 @@ def atomic_save(path, policy, tokenizer, state):
     shutil.rmtree(old, ignore_errors=True)
 
 
-def load_weights(policy, path):
-    """Copy the weights of the HF checkpoint at ``path`` into ``policy`` in place."""
-    policy.load_state_dict(AutoModelForCausalLM.from_pretrained(path).state_dict())
-
-
 def checkpoints(out_dir):
     """A run's ``ckpt-NNNNNN`` directories, oldest first (not an interrupted save's .tmp, .old)."""
     names = ([n for n in os.listdir(out_dir) if re.fullmatch(r"ckpt-\d+", n)]
@@ -258,24 +252,25 @@ def save_checkpoint(out_dir, step, policy, tokenizer, state):
 
 def restore(resumed, policy, optimizer, rank):
     """Put load_checkpoint's weights and optimizer state in place: (start step, bad steps)."""
-    ckpt, ckpt_policy, _, state = resumed
-    policy.load_state_dict(ckpt_policy.state_dict())
+    ckpt, weights, _, state = resumed
+    model.put_weights(policy, weights)
     optimizer.load_state_dict(state["optimizer"])
     if rank == 0:
         print(f"resumed from {ckpt} at step {state['step']}")
     return state["step"], state["bad_steps"]
 
 
-def load_checkpoint(out_dir):
-    """(path, model, tokenizer, training state) of the newest readable checkpoint, or None; one
-    whose weights, tokenizer or state.pt are missing or damaged is named, the one before read."""
+def load_checkpoint(out_dir, read=lambda path: model.load_model(path, local_files_only=True)):
+    """(path, *read(path): by default its model and tokenizer, training state) of the newest
+    readable checkpoint, or None; one whose files are missing or damaged is named, the one before
+    read. --resume reads with model.read_weights: the weights alone."""
     for path in reversed(checkpoints(out_dir)):
         try:
-            policy, tok = model.load_model(path, local_files_only=True)
+            loaded = read(path)
             state = torch.load(os.path.join(path, "state.pt"), weights_only=False)
             if missing := sorted({"step", "bad_steps", "optimizer", "config"} - set(state)):
                 raise KeyError(f"state.pt has no {', '.join(missing)}")
-            return path, policy, tok, state
+            return path, *loaded, state
         except Exception as e:      # damage fails in many ways (OSError, zip, pickle, safetensors)
             why = (str(e).strip().splitlines() or [""])[0]
             print(f"warning: checkpoint {path} is unreadable ({type(e).__name__}: {why}); "
@@ -352,7 +347,7 @@ def open_run(cfg, resume, overwrite, run_keys, defaults, schema, rank):
                 shutil.rmtree(os.path.join(out, name))
         if rows:
             os.remove(os.path.join(out, "metrics.jsonl"))
-    resumed = load_checkpoint(out) if resume else None
+    resumed = load_checkpoint(out, model.read_weights) if resume else None
     if resumed:
         saved = {**defaults, **resumed[3]["config"]}   # a setting it lacks reads as the default,
         resolve_auto(saved, schema)                    # "auto" made concrete as the run's was
@@ -364,9 +359,9 @@ def open_run(cfg, resume, overwrite, run_keys, defaults, schema, rank):
         if diff and rank == 0:
             print(f"--resume: continuing {resumed[0]} with changed settings: "
                   f"{', '.join(diff.values())}")
-        c, want = resumed[1].config, model.SIZES.get(cfg["MODEL"])   # SIZES change with the code
-        if want and want != (c.hidden_size, c.num_hidden_layers, c.num_attention_heads,
-                             c.num_key_value_heads, c.intermediate_size):
+        c, want = resumed[2], model.SIZES.get(cfg["MODEL"])   # SIZES change with the code
+        if c and want and want != (c.hidden_size, c.num_hidden_layers, c.num_attention_heads,
+                                   c.num_key_value_heads, c.intermediate_size):
             raise SystemExit(f"--resume: {resumed[0]} holds a {cfg['MODEL']} model of another "
                              f"shape than today's model.SIZES {want}: give another OUT_DIR, or "
                              "resume with the code that wrote it.")

@@ -102,7 +102,7 @@ def run(cfg, policy, tokenizer, rank=0):
         dist.barrier()
     if cached or rank != 0:
         try:
-            runs.load_weights(policy, path)
+            model.put_weights(policy, model.read_weights(path)[0])
         except Exception as e:  # missing or damaged files fail in many ways
             raise SystemExit(f"the cached warm-up {path} is unreadable ({type(e).__name__}: {e}); "
                              "delete that directory and the warm-up is trained again") from None

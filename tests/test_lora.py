@@ -136,15 +136,18 @@ def test_a_lora_run_resumes_is_evaluated_and_merges(tmp_path, capsys, monkeypatc
         export.export(full, merged)
 
 
-def test_the_3b_preset_trains_an_adapter_on_a_pretrained_standin(tmp_path, standin_dir):
+def test_the_3b_preset_trains_an_adapter_on_a_pretrained_standin(tmp_path, standin_dir,
+                                                                 monkeypatch):
     """The 3B LoRA preset on the pretrained-style stand-in under bf16: the base loads in bf16
     (no warm-up trains it), the adapter is float32, its checkpoint names the model directory as
-    its base, and evaluate.py scores it. Random weights: this checks the path, not learning."""
+    its base, --resume reads the base once, and evaluate.py scores it. Random weights: this
+    checks the path, not learning."""
     out = str(tmp_path / "run")
     small = [a for a in TINY if not a.startswith(("--SFT_STEPS", "--PPO_EPOCHS"))]
-    policy = train.main(["config/qwen2.5-3b-instruct-lora.py", *small, f"--MODEL={standin_dir}",
-                         "--RL_STEPS=2", "--MAX_NEW_TOKENS=8", "--DTYPE=bfloat16",
-                         f"--OUT_DIR={out}", f"--SFT_DIR={tmp_path}/sft"])
+    args = ["config/qwen2.5-3b-instruct-lora.py", *small, f"--MODEL={standin_dir}",
+            "--MAX_NEW_TOKENS=8", "--DTYPE=bfloat16", f"--OUT_DIR={out}",
+            f"--SFT_DIR={tmp_path}/sft"]
+    policy = train.main(args + ["--RL_STEPS=2"])
     dtypes = {True: set(), False: set()}            # trained or not: the dtypes held
     for p in policy.parameters():
         dtypes[p.requires_grad].add(p.dtype)
@@ -153,6 +156,15 @@ def test_the_3b_preset_trains_an_adapter_on_a_pretrained_standin(tmp_path, stand
     assert json.load(open(os.path.join(ckpt, "adapter_config.json")))[
         "base_model_name_or_path"] == standin_dir
     assert torch.load(os.path.join(ckpt, "state.pt"), weights_only=False)["sft_path"] == standin_dir
+    # --resume puts the adapter and the optimizer state onto the policy: no second base is built
+    # beside it (at 7B, 15 GB more host memory per process).
+    built, from_pretrained = [], AutoModelForCausalLM.from_pretrained
+    monkeypatch.setattr(AutoModelForCausalLM, "from_pretrained",
+                        lambda *a, **k: built.append(a[0]) or from_pretrained(*a, **k))
+    train.main(args + ["--RL_STEPS=3", "--resume"])
+    assert built == [standin_dir]
+    assert [r["step"] for r in rows(out) if not r.get("eval")] == [0, 1, 2]
+    monkeypatch.undo()
     js = str(tmp_path / "rows.json")
     evaluate.main([out, "--worlds", "1", "--json", js])
     (got,) = json.load(open(js))["runs"]

@@ -17,7 +17,6 @@ import torch  # noqa: E402
 
 import evaluate  # noqa: E402
 import model as M  # noqa: E402
-import runs  # noqa: E402
 import toy_world as tw  # noqa: E402
 import train  # noqa: E402
 
@@ -29,7 +28,7 @@ def token_accuracy(path, shape=None):
         M.SIZES["tiny"] = tuple(int(x) for x in shape.split(","))
     cfg, _, _ = train.configure(["--DEVICE=cpu"])
     lm, tok = train.build_model(cfg, "cpu")
-    runs.load_weights(lm, path)
+    M.put_weights(lm, M.read_weights(path)[0])
     world = tw.make_world(seed=evaluate.eval_world_seed(cfg, 0, validation=True))
     rng, transcripts = random.Random(0), []
     for q in [q for q in world.split("test") if q.hops == 1][:60]:
