@@ -5,6 +5,7 @@ import random
 import socket
 import time
 
+import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
@@ -16,35 +17,51 @@ import train
 from test_train import TINY
 
 
-def _worker(rank, out_dir, port):
+def _worker(rank, out_dir, port, second_port):
+    """Rank ``rank`` of two: two training steps, then one step's gradient on a fixed batch, and
+    on rank 0 that step's gradient alone in one process."""
     os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE="2",
                       MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     # Each rank gets different advantages, so its local gradients differ: the ranks can only
     # agree at the end if the gradients really are averaged (runs.all_reduce_gradients).
-    gen = torch.Generator().manual_seed(rank)
+    gen, group_advantages = torch.Generator().manual_seed(rank), train.grpo.group_advantages
     train.grpo.group_advantages = (
         lambda rewards, group_size: torch.randn(len(rewards), generator=gen))
     lm = train.main(TINY + ["--RL_STEPS=2", "--EVAL_EVERY=0", "--DEVICE=cpu", "--LR=0.01",
                             f"--OUT_DIR={out_dir}/run", f"--SFT_DIR={out_dir}/sft"])
     flat = torch.cat([p.detach().flatten() for p in lm.parameters()])
     torch.save(flat, os.path.join(out_dir, f"rank{rank}.pt"))
+    train.grpo.group_advantages = group_advantages
+    os.environ["MASTER_PORT"] = str(second_port)
+    dist.init_process_group("gloo")
+    torch.save(step_gradient(), os.path.join(out_dir, f"grad{rank}.pt"))
+    dist.destroy_process_group()
+    if rank == 0:          # then alone, on both questions: the one-process gradient
+        torch.save(step_gradient(), os.path.join(out_dir, "grad-one.pt"))
 
 
-def spawn_two(worker, *args):
+def free_port():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    ctx = mp.spawn(worker, args=(*args, port), nprocs=2, join=False)
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def two_ranks(tmp_path_factory):
+    """The folder where the two ranks of _worker left their weights and gradients."""
+    out = tmp_path_factory.mktemp("ddp")
+    ctx = mp.spawn(_worker, args=(str(out), free_port(), free_port()), nprocs=2, join=False)
     deadline = time.monotonic() + 300  # a hung collective must fail the test, not stall CI
     while not ctx.join(timeout=5):
         if time.monotonic() > deadline:
             for p in ctx.processes:
                 p.kill()
             raise AssertionError("the two ranks did not finish within 300 s (hung collective?)")
+    return out
 
 
-def test_two_ranks_end_with_identical_weights(tmp_path):
-    spawn_two(_worker, str(tmp_path))
+def test_two_ranks_end_with_identical_weights(two_ranks):
+    tmp_path = two_ranks
     w0, w1 = torch.load(tmp_path / "rank0.pt"), torch.load(tmp_path / "rank1.pt")
     assert torch.equal(w0, w1)
     sft = [d for d in os.listdir(tmp_path) if d.startswith("sft-")]
@@ -94,24 +111,13 @@ def step_gradient():
     return grads[0], int(step["rollouts"].gen_mask.sum())
 
 
-def _gradient_worker(rank, out_dir, port):
-    os.environ.update(RANK=str(rank), WORLD_SIZE="2", MASTER_ADDR="127.0.0.1",
-                      MASTER_PORT=str(port))
-    dist.init_process_group("gloo")
-    grad, n = step_gradient()
-    torch.save((grad, n), os.path.join(out_dir, f"grad{rank}.pt"))
-    dist.destroy_process_group()
-
-
-def test_two_ranks_take_the_one_process_gradient_every_token_alike(tmp_path):
+def test_two_ranks_take_the_one_process_gradient_every_token_alike(two_ranks):
     """Two ranks, each with one question's episodes of unequal total length: their averaged
     gradient is the single process's on both questions (each rank dividing by its own token
     count would weigh a token of the shorter rank's more)."""
-    spawn_two(_gradient_worker, str(tmp_path))
-    (g0, n0), (g1, n1) = (torch.load(tmp_path / f"grad{r}.pt") for r in (0, 1))
+    (g0, n0), (g1, n1), (one, n) = (torch.load(two_ranks / f"grad{r}.pt")
+                                    for r in ("0", "1", "-one"))
     assert n0 != n1                                    # the ranks' token counts differ
     assert torch.equal(g0, g1)                         # averaged: every rank takes one step
-    with torch.multiprocessing.get_context("spawn").Pool(1) as pool:   # a clean process
-        one, n = pool.apply(step_gradient)
     assert n == n0 + n1 and one.abs().max() > 1e-4
     assert torch.allclose(g0, one, rtol=1e-4, atol=1e-7), (g0 - one).abs().max()

@@ -69,11 +69,12 @@ def test_the_teacher_reads_only_run_keys(row, step_batch):
     assert cfg.reads <= set(train.RUN_KEYS) | {"TEMPERATURE"}
 
 
-@pytest.mark.parametrize("row", ROWS)
+@pytest.mark.parametrize("row", ["grpo", "evisd", "gated loss", "lora"])
 def test_a_run_reads_only_classified_settings(row, tmp_path, monkeypatch):
     """train.main with a recording config: a step, a quick check and a save read run keys and
-    free settings only; the method's own knobs among them. Advantages are drawn at random, so
-    that a tiny warm-up's all-zero rewards still wake the teacher."""
+    free settings only; the method's own knobs among them (the other rows' placements: the
+    teacher's test above). Advantages are drawn at random, so that a tiny warm-up's all-zero
+    rewards still wake the teacher."""
     monkeypatch.setattr(train.grpo, "group_advantages",
                         lambda rewards, group_size: torch.randn(len(rewards)))
     configure, recorded = train.configure, []
