@@ -32,6 +32,21 @@ class RecordingConfig(dict):
         return super().get(name, default)
 
 
+def recording_runs(monkeypatch):
+    """The RecordingConfig of each train.main call from here on, and advantages drawn at
+    random, so that a tiny warm-up's all-zero rewards still wake the teacher."""
+    monkeypatch.setattr(train.grpo, "group_advantages",
+                        lambda rewards, group_size: torch.randn(len(rewards)))
+    configure, recorded = train.configure, []
+
+    def recording(argv):
+        cfg, *flags = configure(argv)
+        recorded.append(RecordingConfig(cfg))
+        return (recorded[-1], *flags)
+    monkeypatch.setattr(train, "configure", recording)
+    return recorded
+
+
 def test_every_constant_has_exactly_one_class():
     assert set(warmup.KEYS) <= set(train.RUN_KEYS)
     assert not set(train.RUN_KEYS) & set(train.FREE_KEYS)
@@ -73,17 +88,8 @@ def test_the_teacher_reads_only_run_keys(row, step_batch):
 def test_a_run_reads_only_classified_settings(row, tmp_path, monkeypatch):
     """train.main with a recording config: a step, a quick check and a save read run keys and
     free settings only; the method's own knobs among them (the other rows' placements: the
-    teacher's test above). Advantages are drawn at random, so that a tiny warm-up's all-zero
-    rewards still wake the teacher."""
-    monkeypatch.setattr(train.grpo, "group_advantages",
-                        lambda rewards, group_size: torch.randn(len(rewards)))
-    configure, recorded = train.configure, []
-
-    def recording(argv):
-        cfg, *flags = configure(argv)
-        recorded.append(RecordingConfig(cfg))
-        return (recorded[-1], *flags)
-    monkeypatch.setattr(train, "configure", recording)
+    teacher's test above)."""
+    recorded = recording_runs(monkeypatch)
     train.main(TINY + ["--RL_STEPS=1", "--EVAL_EVERY=1", f"--OUT_DIR={tmp_path}/run",
                        f"--SFT_DIR={tmp_path.parent}/sft-keys"] + ROWS[row])
     reads = recorded[0].reads

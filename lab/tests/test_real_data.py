@@ -22,7 +22,7 @@ import rollout
 import search_env
 import train
 from lab import oracle, real_data, report, retrieval
-from test_keys import RecordingConfig
+from test_keys import recording_runs
 from test_rollout import ForcedLM
 
 DATA = os.path.join(os.path.dirname(__file__), "data")
@@ -574,15 +574,7 @@ def test_real_data_reads_only_classified_settings(data, standin_dir, tmp_path, m
     """A real-data run under a recording config (tests/test_keys.py): the loaders, the corpus,
     the teacher's evidence and the quick check read run keys (DATA, DATA_TRAIN, CORPUS,
     EVIDENCE) and free settings (DATA_DEV) only."""
-    monkeypatch.setattr(train.grpo, "group_advantages",
-                        lambda rewards, group_size: torch.randn(len(rewards)))
-    configure, recorded = train.configure, []
-
-    def recording(argv):
-        cfg, *flags = configure(argv)
-        recorded.append(RecordingConfig(cfg))
-        return (recorded[-1], *flags)
-    monkeypatch.setattr(train, "configure", recording)
+    recorded = recording_runs(monkeypatch)
     extra = ([] if data == "hotpotqa" else
              ["--DATA=jsonl", f"--DATA_TRAIN={NQ}", f"--DATA_DEV={NQ}",
               f"--CORPUS={DATA}/searchr1_corpus.jsonl"])
