@@ -137,9 +137,8 @@ def load_model(name, dtype=None, local_files_only=None):
 
 
 def read_weights(path):
-    """(weights, config) of a checkpoint directory: what --resume and the warm-up's cache copy
-    into the policy. A LoRA checkpoint's are its adapter's alone, with no config: the policy holds
-    the base already, and a second copy of a 7B base would cost 15 GB or more."""
+    """(weights, config) of a checkpoint directory, to copy into the policy: a LoRA one's adapter
+    alone, no config (the policy holds the base already: no second copy of a 7B base)."""
     if os.path.exists(os.path.join(path, "adapter_config.json")):
         return safetensors.torch.load_file(os.path.join(path, "adapter_model.safetensors")), None
     lm = AutoModelForCausalLM.from_pretrained(path, local_files_only=True)

@@ -261,9 +261,8 @@ def restore(resumed, policy, optimizer, rank):
 
 
 def load_checkpoint(out_dir, read=lambda path: model.load_model(path, local_files_only=True)):
-    """(path, *read(path): by default its model and tokenizer, training state) of the newest
-    readable checkpoint, or None; one whose files are missing or damaged is named, the one before
-    read. --resume reads with model.read_weights: the weights alone."""
+    """(path, *read(path): its model and tokenizer, or --resume's model.read_weights, training
+    state) of the newest readable checkpoint, or None; a damaged one named, the one before read."""
     for path in reversed(checkpoints(out_dir)):
         try:
             loaded = read(path)

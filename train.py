@@ -123,9 +123,8 @@ RUN_KEYS = warmup.KEYS + (
     "METHOD", "FRESH_WORLDS", "QUESTIONS_PER_STEP", "GROUP_SIZE", "LR", "KL_COEF", "LORA_RANK",
     "LORA_ALPHA", "CLIP_EPS", "PPO_EPOCHS", "MAX_NEW_TOKENS", "TEMPERATURE", "DATA",
     "DATA_TRAIN", "CORPUS", "EVIDENCE") + evisd.KNOBS
-# These may change: how long the run goes, where and in what precision it computes, how it
-# decodes, what it evaluates, logs and saves. Each constant is in one of the two lists, and each
-# one the warm-up or a step reads in its list (tests/test_keys.py).
+# These may change: how long it runs, where and in what precision, how it decodes, evaluates,
+# logs and saves. Each constant is in one list, and each read in its own (tests/test_keys.py).
 FREE_KEYS = ("RL_STEPS", "OUT_DIR", "SFT_DIR", "DEVICE", "DTYPE", "GRADIENT_CHECKPOINTING",
              "DECODE", "MAX_BAD_STEPS", "MEASURE", "EVAL_EVERY", "EVAL_QUESTIONS", "EVAL_SEED",
              "VALIDATION_WORLDS", "CKPT_EVERY", "DATA_DEV", "RETRIEVER_URL")
