@@ -4,12 +4,12 @@ import contextlib
 import json
 import os
 import socket
+import sys
 import urllib.parse
 import warnings
 
 import torch
 import safetensors.torch
-from peft import LoraConfig, PeftModel, get_peft_model, set_peft_model_state_dict
 from torch.utils.checkpoint import checkpoint
 from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import (AutoModelForCausalLM, AutoTokenizer, GenerationConfig,
@@ -88,9 +88,8 @@ def prev_token_head(model, scale, back=1, frequencies=4):
 
 
 def without_dropout(lm):
-    """``lm`` with every dropout off, as TRL's trainers have it: RL scores the student, the
-    teacher and the KL's reference in train mode (where gradient checkpointing acts), and a
-    dropout there would make each score, and the teacher's gap, noise. Qwen2's are 0 already."""
+    """``lm`` with every dropout off, as in TRL: RL scores student, teacher and reference in train
+    mode (gradient checkpointing acts only there), where a dropout would make the gap noise."""
     for module in lm.modules():
         if isinstance(module, torch.nn.Dropout):
             module.p = 0.0
@@ -107,6 +106,7 @@ def load_model(name, dtype=None, local_files_only=None):
     if os.path.exists(adapter := os.path.join(name, "adapter_config.json")):
         base = load_model(json.load(open(adapter))["base_model_name_or_path"], dtype,
                           local_files_only)[0]
+        from peft import PeftModel     # here, not at the top: its import takes seconds
         lora = PeftModel.from_pretrained(base, name, is_trainable=True)
         lora.name_or_path = name    # where it was read from, not its base's (PEFT's pass-through)
         return lora, AutoTokenizer.from_pretrained(name)
@@ -127,9 +127,8 @@ def load_model(name, dtype=None, local_files_only=None):
     # Tags stay text, as in Search-R1: new tokens would be untrained embeddings. eos pads.
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
-    # Of its own generation config only the ids that end a turn are kept: the sampling is
-    # TEMPERATURE's alone. An instruct model's do_sample, top_k, top_p, repetition penalty would
-    # reach generate, which on transformers 4.50-4.57 takes them over passed library defaults.
+    # Only its bos, eos and pad ids are kept: on transformers 4.50-4.57 an instruct model's own
+    # do_sample, top_k, top_p, repetition penalty override what rollout passes generate.
     own = model.generation_config
     model.generation_config = GenerationConfig(
         bos_token_id=own.bos_token_id, eos_token_id=own.eos_token_id, pad_token_id=own.pad_token_id)
@@ -147,8 +146,9 @@ def read_weights(path):
 
 def put_weights(lm, weights):
     """Copy read_weights' weights into ``lm`` in place (a LoRA model: into its adapter)."""
-    if not isinstance(lm, PeftModel):
+    if not is_lora(lm):
         return lm.load_state_dict(weights)
+    from peft import set_peft_model_state_dict
     if unexpected := set_peft_model_state_dict(lm, weights).unexpected_keys:
         raise KeyError(f"the adapter has no {sorted(unexpected)[0]}")
 
@@ -171,6 +171,7 @@ LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", 
 def add_lora(lm, rank, alpha, base_dtype, base_name, seed=0):
     """``lm`` as a PEFT LoRA model: its weights frozen in ``base_dtype`` (the compute dtype: only
     the adapters train), float32 adapters whose B starts at 0, so it starts as exactly ``lm``."""
+    from peft import LoraConfig, get_peft_model
     lm.to(base_dtype)
     lm.name_or_path = base_name     # adapter_config.json names it, so load_model finds the base
     torch.manual_seed(seed)         # A's random start, whatever ran before (a warm-up, or none)
@@ -182,9 +183,14 @@ def add_lora(lm, rank, alpha, base_dtype, base_name, seed=0):
     return lora
 
 
+def is_lora(lm):
+    """Whether ``lm`` is a PEFT model; never while peft is not imported (a run without LoRA)."""
+    return "peft" in sys.modules and isinstance(lm, sys.modules["peft"].PeftModel)
+
+
 def without_adapter(lm):
     """A context in which ``lm`` is its base model: a LoRA model's adapter off; any other as is."""
-    return lm.disable_adapter() if isinstance(lm, PeftModel) else contextlib.nullcontext()
+    return lm.disable_adapter() if is_lora(lm) else contextlib.nullcontext()
 
 
 def autocast(device, dtype):

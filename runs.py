@@ -304,9 +304,8 @@ _step = None   # inside one_step: the stops' own handlers once its update began,
 
 @contextlib.contextmanager
 def one_step():
-    """The block of one RL step in train.main. A stop (Ctrl-C, SIGTERM) raises at once until
-    rl_step calls ``update_begins``, then waits for the block's end: the weights, the step's log
-    row and the count of steps done change together, so a save never holds an update twice."""
+    """One RL step's block in train.main: a stop (Ctrl-C, SIGTERM) raises at once until rl_step
+    calls ``update_begins``, then waits for the block's end: no save holds an update twice."""
     global _step
     _step = step = {"handlers": {}, "held": []}
     try:

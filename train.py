@@ -314,12 +314,9 @@ def build_policy(cfg, device):
 
 def frozen_reference(policy):
     """The KL term's frozen warm-up model. Under LoRA, the policy itself: rl_step turns its adapter
-    off. Else a copy that keeps the policy's float32 weights and computes under the same
-    autocast, so at step 0 the KL is exactly 0 under every DTYPE (a bf16 copy would differ
-    wherever autocast keeps float32: embeddings, norms)."""
-    if isinstance(policy, model.PeftModel):
-        return policy
-    return copy.deepcopy(policy).eval().requires_grad_(False)
+    off. Else a copy of its float32 weights, under the same autocast, so the KL at step 0 is
+    exactly 0 under every DTYPE (a bf16 copy would differ where autocast keeps float32)."""
+    return policy if model.is_lora(policy) else copy.deepcopy(policy).eval().requires_grad_(False)
 
 
 def main(argv):
@@ -363,8 +360,7 @@ def main(argv):
         return f"{'warm-up' if step == 0 else f'step {step}'}: held-out EM " + ", ".join(
             f"{label} {em[k]:.2f}" for k, label in shown.items() if em.get(k) is not None)
 
-    def check_due(done):
-        every = cfg["EVAL_EVERY"]
+    def check_due(done, every=cfg["EVAL_EVERY"]):
         return rank == 0 and every and (done % every == 0 or done == cfg["RL_STEPS"])
 
     done, stopped = start, None   # done: steps whose update the weights hold, what a stop saves

@@ -19,7 +19,7 @@ def export(run_dir, out_dir):
     if os.path.exists(out_dir):
         raise SystemExit(f"{out_dir} exists already: give a new directory")
     policy, tokenizer, cfg, base = runs.load_run(run_dir)
-    if isinstance(policy, model.PeftModel):
+    if model.is_lora(policy):
         print(f"merging the rank-{cfg['LORA_RANK']} adapter into its base {base}")
         policy = policy.merge_and_unload()
     model.save_checkpoint_dir(policy, tokenizer, out_dir)

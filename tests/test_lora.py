@@ -8,6 +8,7 @@ import os
 import runpy
 import sys
 
+import peft
 import pytest
 import torch
 from transformers import AutoModelForCausalLM
@@ -45,7 +46,7 @@ def test_an_adapter_starts_as_exactly_its_base_and_only_it_trains(sampled):
     assert torch.equal(batch_logprobs(lora, r, torch.float32),
                        batch_logprobs(lm, r, torch.float32))
     with pytest.raises(ValueError):   # a projection name the model lacks is PEFT's error
-        model.get_peft_model(copy.deepcopy(lm), model.LoraConfig(r=2, target_modules=["nope"]))
+        peft.get_peft_model(copy.deepcopy(lm), peft.LoraConfig(r=2, target_modules=["nope"]))
 
 
 @pytest.mark.parametrize("step_dtype", DTYPES)
