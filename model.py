@@ -190,7 +190,8 @@ def is_lora(lm):
 
 def without_adapter(lm):
     """A context in which ``lm`` is its base model: a LoRA model's adapter off; any other as is."""
-    return lm.disable_adapter() if is_lora(lm) else contextlib.nullcontext()
+    lora = "peft" in sys.modules and isinstance(lm, sys.modules["peft"].PeftModel)   # is_lora
+    return lm.disable_adapter() if lora else contextlib.nullcontext()
 
 
 def autocast(device, dtype):
