@@ -73,8 +73,9 @@ COMMANDS = {
     "lab/results/gap_temperature.py WARMUP_DIR": "test_gap_temperature",
 }
 # Not run: train.py --DECODE=compiled (minutes of compiling on a CPU; lab/gpu_check.py's rollout
-# part runs it on a GPU), the protocols (protocol*.sh: hours), and lab/results/warmup19/, kept as
-# the record of the code of its day (it calls train.sft_batch, gone), not maintained.
+# part runs it on a GPU), the protocols (protocol*.sh: hours), and issue 19's scripts (their
+# sources in lab/results/warmup19/scripts.md), kept as the record of the code of their day (they
+# call train.sft_batch, gone), not maintained.
 
 
 def test_every_command_names_a_test_that_exists():
