@@ -149,10 +149,6 @@ def paired_macro(rows, baseline=None):
 
 
 # ----------------------------------------------------------------------------- runs
-def group_name(run_dir):
-    return re.sub(r"-s\d+$", "", os.path.basename(os.path.normpath(run_dir)))
-
-
 def run_summary(run_dir, args, warmup_em, score=heldout_by_hops):
     """One run's held-out EM by ``score`` and its warm-up's macro (``warmup_em``: a seed's)."""
     policy, tokenizer, cfg, sft_path = runs.load_run(run_dir)
@@ -166,7 +162,8 @@ def run_summary(run_dir, args, warmup_em, score=heldout_by_hops):
         warmed = model.load_model(sft_path, local_files_only=True)[0].eval().to(device)
         warmup_em[sft_path] = score(warmed, tokenizer, cfg, args.worlds, args.validation,
                                     dtype).get("macro")
-    return {"run": run_dir, "group": group_name(run_dir), "seed": cfg["SEED"],
+    group = re.sub(r"-s\d+$", "", os.path.basename(os.path.normpath(run_dir)))   # evisd-s3: evisd
+    return {"run": run_dir, "group": group, "seed": cfg["SEED"],
             "method": cfg["METHOD"], "rl_steps": cfg["RL_STEPS"],
             "warmup_macro": warmup_em.get(sft_path), **em}
 

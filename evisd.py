@@ -17,10 +17,13 @@ from model import token_logprobs
 from rollout import pad
 from search_env import INFO, INFO_END, format_information
 
-# train.py's constants read here: --resume refuses to change them; GRPO names changed ones unread.
-KNOBS = ("EVISD_LAMBDA", "EVISD_TAU", "EVISD_SPAN", "EVISD_FORM", "EVISD_GATE_COEF",
-         "USE_SEARCH_EVIDENCE", "USE_ANSWER_PRIVILEGE", "TEACHER_CONTEXT", "EVIDENCE_AT",
-         "ANSWER_AT")
+# train.py's constants read here, each with when another leaves it without effect ({OTHER:
+# value}, named before a run; METHOD="grpo" leaves them all). --resume refuses to change any.
+KNOBS = {"EVISD_LAMBDA": {"EVISD_FORM": "gated_loss"}, "EVISD_GATE_COEF": {"EVISD_FORM": "bounded"},
+         "EVISD_TAU": {}, "EVISD_SPAN": {}, "EVISD_FORM": {}, "USE_SEARCH_EVIDENCE": {},
+         "USE_ANSWER_PRIVILEGE": {}, "EVIDENCE_AT": {"USE_SEARCH_EVIDENCE": False},
+         "TEACHER_CONTEXT": {"USE_SEARCH_EVIDENCE": False, "USE_ANSWER_PRIVILEGE": False},
+         "ANSWER_AT": {"EVISD_SPAN": "response", "USE_ANSWER_PRIVILEGE": False}}
 CHOICES = {"EVISD_SPAN": ("content", "action", "response"), "EVISD_FORM": ("bounded", "gated_loss"),
            "TEACHER_CONTEXT": ("aligned", "shared"), "EVIDENCE_AT": ("every", "first"),
            "ANSWER_AT": ("content", "tag")}

@@ -156,11 +156,10 @@ def put_weights(lm, weights):
 def _hub_answers(timeout=3.0):
     """Whether the hub (or HF_ENDPOINT) answers within ``timeout`` s, so offline fails at once."""
     host = urllib.parse.urlparse(os.environ.get("HF_ENDPOINT", "https://huggingface.co")).hostname
-    try:
+    with contextlib.suppress(OSError):
         socket.create_connection((host, 443), timeout=timeout).close()
         return True
-    except OSError:
-        return False
+    return False
 
 
 # ----------------------------------------------------------------------------- LoRA

@@ -122,7 +122,7 @@ class Rollouts:
     action_kind: torch.Tensor   # 1 inside <search>...</search>, 2 inside <answer>...</answer>
     prompt_len: torch.Tensor    # [N]
     spans: list                 # per episode: a Span per turn
-    rewards: torch.Tensor       # [N] each env's reward (search_env.reward: exact match)
+    rewards: torch.Tensor       # [N] each env's reward (search_env.outcome_reward: exact match)
     answers: list               # [N] predicted answer strings (None if none)
     turns: torch.Tensor         # [N] turns used
     questions: list             # [N] the Question of each episode

@@ -333,8 +333,7 @@ def open_run(cfg, resume, overwrite, run_keys, defaults, schema, rank):
     out = cfg["OUT_DIR"]
     held = [] if resume else [os.path.basename(c) for c in checkpoints(out)]
     rows = [] if resume else read_metrics(out)
-    if rows:
-        held.append(f"metrics.jsonl with {len(rows)} rows")
+    held += [f"metrics.jsonl with {len(rows)} rows"] if rows else []
     if held and not overwrite:
         raise SystemExit(f"{out} already holds a run ({', '.join(held)}). Continue it with "
                          "--resume, give another --OUT_DIR, or --overwrite to delete it.")

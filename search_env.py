@@ -2,8 +2,8 @@
 protocol (the model writes ``<search> q </search>``, receives ``<information> ...
 </information>``, ends with ``<answer> a </answer>``), the env, and its reward.
 
-``exact_match`` is what evaluation reports; ``reward`` is what training optimises (exact match
-unless edited). A retriever is anything with ``search(query, k)`` returning ``Doc`` lists: a
+``exact_match`` is what evaluation reports; ``outcome_reward`` is what training optimises (exact
+match unless edited). A retriever is anything with ``search(query, k)`` returning ``Doc`` lists: a
 ``World``, or one of the lab's (lab/real_data.py); ``SearchEnv`` never asks which."""
 import math
 import re
@@ -47,9 +47,10 @@ def exact_match(prediction, answers):
                  and normalize_answer(prediction) in {normalize_answer(a) for a in answers})
 
 
-def reward(prediction, answers):
-    """The training reward: change it here (to F1, say) and evaluation still reports EM."""
-    return exact_match(prediction, answers)
+def outcome_reward(answer, question, turns):
+    """The training reward of a finished episode (``answer``: None if it gave none, ``turns``:
+    the turns it took). Change it here: evaluation still reports exact match."""
+    return exact_match(answer, question.answers)
 
 
 # ----------------------------------------------------------------------------- data types
@@ -109,10 +110,9 @@ class RetrieverError(SystemExit):
 
 # ----------------------------------------------------------------------------- BM25
 class BM25:
-    """Okapi BM25 over a list of texts, read straight off the formula: each document's term
-    counts, each term's document frequency, and for a query a sum over its terms. A query looks
-    at every document, which a toy world's few hundred afford; lab/retrieval.py has the
-    postings index a million passages need."""
+    """Okapi BM25 over a list of texts, read straight off the formula. A query looks at every
+    document, which a toy world's few hundred afford; lab/retrieval.py has the postings index a
+    million passages need."""
 
     def __init__(self, texts, k1=1.2, b=0.75):
         self.k1, self.b = k1, b
@@ -222,14 +222,12 @@ class SearchEnv:
             raise RuntimeError("step() called on a finished episode")
         self.turns += 1
         action = parse_action(turn_text)
-        if action.kind == "answer":
-            self.done, self.answer = True, action.content
-            self.reward = reward(action.content, self.question.answers)
-            self.em = exact_match(action.content, self.question.answers)
+        self.answer = action.content if action.kind == "answer" else None
+        self.done = action.kind == "answer" or self.turns >= self.max_turns
+        if self.done:                                  # scored, answered or not
+            self.reward = outcome_reward(self.answer, self.question, self.turns)
+            self.em = exact_match(self.answer, self.question.answers)
             return StepResult("", True, self.reward, action)
-        if self.turns >= self.max_turns:
-            self.done = True
-            return StepResult("", True, 0.0, action)
         obs = (format_information(self.retriever.search(action.content, self.top_k))
                if action.kind == "search" else INVALID_OBSERVATION)
         return StepResult(obs, False, 0.0, action)

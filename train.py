@@ -1,18 +1,18 @@
 """Train a search agent with GRPO or EviSD, end to end.
 
     python train.py                                   # embedded tiny model, CPU or one GPU
-    python train.py --METHOD=grpo --SEED=1            # any constant below can be overridden
-    python train.py --LORA_RANK=16                    # RL trains a LoRA adapter, not every weight
+    python train.py --METHOD=grpo --LORA_RANK=16      # any constant below can be overridden
     python train.py config/qwen2.5-0.5b-instruct.py   # a preset file, then overrides: later wins
-    python train.py --OUT_DIR=out/run --resume        # continue from the latest checkpoint
-    python train.py --OUT_DIR=out/run --overwrite     # start again, deleting the run that is there
+    python train.py --OUT_DIR=out/run --resume        # continue (--overwrite: start again)
     torchrun --nproc_per_node=4 train.py              # data parallel on 4 GPUs (or CPU gloo)
 
 The constants below are the whole config. Then the model, the supervised warm-up (cached: GRPO
 and EviSD start from the same weights) and the RL loop, one ``rl_step`` per step.
 """
 import copy
+import importlib.util
 import json
+import os
 import random
 import signal
 import sys
@@ -38,7 +38,6 @@ from runs import above, at_least, fraction
 MODEL = "tiny"               # "tiny" | "small" | "base" (embedded, built offline) or an HF name
 METHOD = "evisd"             # "evisd" | "grpo" | a peer's rule from the lab (PEERS below)
 SEED = 0
-PREV_TOKEN_INIT = 6.0        # embedded model: a previous-token head this sharp to start (0: off)
 # world
 FRESH_WORLDS = True          # a new world every step, so facts cannot be memorised
 WORLD_SCALE = 1.0            # multiplies the default entity counts of toy_world.make_world
@@ -49,17 +48,16 @@ SFT_STEPS = 750
 SFT_BATCH = 14
 SFT_LR = "auto"              # 3e-3 embedded, 1e-5 HF
 SFT_NOISE = 0.4              # chance that an expert demonstration makes one mistake
-# Two habits only the reward corrects: the chance a two-hop demonstration answers after one
-# hop, and the chance it searches a person by first name only.
-SFT_STOP_EARLY = 0.5
-SFT_PARTIAL_NAME = 0.5
-SFT_PRIVILEGED_FRAC = "auto"  # clean experts shown in the teacher's context: 0.3 embedded, 0 HF
-SFT_CONTEXT_LOSS = "auto"    # weight of a loss on the tokens read (it teaches copying): 1 | 0 HF
-# The first SFT_REPEAT_STEPS steps cycle through SFT_REPEAT_WORLDS worlds (copying emerges
-# sooner): "auto" is 300 embedded, 0 HF (it copies already).
-SFT_REPEAT_STEPS = "auto"
-SFT_REPEAT_WORLDS = 5
+SFT_STOP_EARLY = 0.5         # habits only the reward corrects: a 2-hop demonstration answers a
+SFT_PARTIAL_NAME = 0.5       # hop early; it searches a person by first name only
 SFT_DIR = "out/sft"          # warm-up checkpoints, one per (seed, model, world, SFT settings)
+# The toy's crutches: they let the 0.5M embedded model learn to copy and to read a privileged
+# block in minutes. None is part of EviSD; "auto" turns each off for an HF model (warmup.py).
+PREV_TOKEN_INIT = 6.0        # layer 0 starts with a previous-token head this sharp (0: off)
+SFT_CONTEXT_LOSS = "auto"    # weight of a loss on the tokens read (it teaches copying): 1 | 0 HF
+SFT_REPEAT_STEPS = "auto"    # the first 300 steps cycle through SFT_REPEAT_WORLDS worlds: copying
+SFT_REPEAT_WORLDS = 5        # emerges sooner (0 HF, which copies already)
+SFT_PRIVILEGED_FRAC = "auto"  # 0.3 embedded, 0 HF: clean demonstrations in the teacher's layout
 # RL
 RL_STEPS = 60
 QUESTIONS_PER_STEP = 8
@@ -89,7 +87,8 @@ USE_SEARCH_EVIDENCE = True   # search actions read the gold evidence; False: onl
 USE_ANSWER_PRIVILEGE = True  # the answer action reads the golden answer
 TEACHER_CONTEXT = "aligned"  # "aligned": each action kind reads only its own block (the paper's)
                              # | "shared": one evidence+answer block for every action (row -0.2)
-EVIDENCE_AT = "every"        # ours: "every": a block before each search scored | "first": once
+EVIDENCE_AT = "every"        # ours: "every": a block before each search scored | "first": one
+                             # block, before the first search scored (the later ones see it too)
 ANSWER_AT = "content"        # ours: the answer block after the opening <answer> | "tag": before
 # real data, in the lab (lab/real_data.py, docs/real-data.md): "toy" is the world above
 DATA = "toy"                 # "toy" | "hotpotqa" | "2wiki" | "musique" | "jsonl" (Search-R1's)
@@ -102,8 +101,7 @@ EVIDENCE = "auto"            # the teacher's on real data: "sentences" (supporti
 # evaluation and I/O
 EVAL_EVERY = 20
 EVAL_QUESTIONS = 50          # per held-out split
-EVAL_SEED = 1_000_000        # held-out worlds: this seed and up (training worlds have string names)
-VALIDATION_WORLDS = 1000     # seeds EVAL_SEED - 1000 .. EVAL_SEED - 1: for choosing settings
+EVAL_SEED = 1_000_000        # held-out worlds: this seed and up; validation worlds: those below
 CKPT_EVERY = 50
 OUT_DIR = "out/run"
 # system
@@ -122,34 +120,42 @@ DEFAULTS = {k: globals()[k] for k in CONFIG_KEYS}
 RUN_KEYS = warmup.KEYS + (
     "METHOD", "FRESH_WORLDS", "QUESTIONS_PER_STEP", "GROUP_SIZE", "LR", "KL_COEF", "LORA_RANK",
     "LORA_ALPHA", "CLIP_EPS", "PPO_EPOCHS", "MAX_NEW_TOKENS", "TEMPERATURE", "DATA",
-    "DATA_TRAIN", "CORPUS", "EVIDENCE") + evisd.KNOBS
+    "DATA_TRAIN", "CORPUS", "EVIDENCE") + tuple(evisd.KNOBS)
 # These may change: how long it runs, where and in what precision, how it decodes, evaluates,
 # logs and saves. Each constant is in one list, and each read in its own (tests/test_keys.py).
 FREE_KEYS = ("RL_STEPS", "OUT_DIR", "SFT_DIR", "DEVICE", "DTYPE", "GRADIENT_CHECKPOINTING",
              "DECODE", "MAX_BAD_STEPS", "MEASURE", "EVAL_EVERY", "EVAL_QUESTIONS", "EVAL_SEED",
-             "VALIDATION_WORLDS", "CKPT_EVERY", "DATA_DEV", "RETRIEVER_URL")
+             "CKPT_EVERY", "DATA_DEV", "RETRIEVER_URL")
+# Which setting another leaves without effect: NAME -> {OTHER: the value of OTHER under which
+# NAME goes unread}, named before any work. EviSD's knobs declare theirs in evisd.KNOBS.
+UNREAD_WHEN = {"LORA_ALPHA": {"LORA_RANK": 0},
+               **dict.fromkeys(("DATA_TRAIN", "DATA_DEV", "CORPUS", "RETRIEVER_URL", "EVIDENCE"),
+                               {"DATA": "toy"}),
+               **{k: {"SFT_STEPS": 0} for k in warmup.KEYS
+                  if k.startswith("SFT_") and k != "SFT_STEPS"}}
 # The peers' credit rules (lab/peers.py): the same teacher's gap, credit in their papers' forms.
 PEERS = ("rlsd", "opsd", "sdar", "sd_search", "bicaa")
 
 
 def check_data(cfg):
-    """The lab's switch for real data: lab/real_data.py checks its settings and files."""
+    """LoRA's package, and the lab's switch for real data: lab/real_data.py checks its files."""
+    if cfg["LORA_RANK"] and importlib.util.find_spec("peft") is None:
+        raise SystemExit("LORA_RANK > 0 trains a LoRA adapter with peft: pip install peft")
     if real := evaluate.real_data(cfg):
         real.check_config(cfg)
 
 
 def unread_settings(cfg):
     """["NAME=value (under OTHER=value)"]: changed settings that another leaves without effect."""
-    unread = {} if cfg["LORA_RANK"] else {"LORA_ALPHA": "LORA_RANK"}
-    if cfg["METHOD"] == "grpo":
-        unread.update(dict.fromkeys(evisd.KNOBS, "METHOD"))
-    elif cfg["METHOD"] == "evisd":
-        bounded = cfg["EVISD_FORM"] == "bounded"
-        unread["EVISD_GATE_COEF" if bounded else "EVISD_LAMBDA"] = "EVISD_FORM"
-        if not cfg["USE_SEARCH_EVIDENCE"]:
-            unread["EVIDENCE_AT"] = "USE_SEARCH_EVIDENCE"
-    return [f"{k}={cfg[k]!r} (under {why}={cfg[why]!r})" for k, why in unread.items()
-            if cfg[k] != DEFAULTS[k]]
+    when = dict(UNREAD_WHEN)
+    if cfg["METHOD"] in ("evisd", "grpo"):   # a peer's rule reads EviSD's knobs its own way
+        when.update(dict.fromkeys(evisd.KNOBS, {"METHOD": "grpo"}) if cfg["METHOD"] == "grpo"
+                    else evisd.KNOBS)
+    defaults = dict(DEFAULTS, MODEL=cfg["MODEL"])
+    runs.resolve_auto(defaults, SCHEMA)              # "auto" compared as what it became
+    unread = {k: next((o for o, v in c.items() if cfg[o] == v), None) for k, c in when.items()}
+    return [f"{k}={cfg[k]!r} (under {o}={cfg[o]!r})" for k, o in unread.items()
+            if o and cfg[k] != defaults[k]]
 
 
 SCHEMA = runs.Schema(
@@ -170,8 +176,7 @@ SCHEMA = runs.Schema(
             "PPO_EPOCHS": at_least(1), "GRAD_CLIP": above(0), "MAX_NEW_TOKENS": at_least(1),
             "TEMPERATURE": above(0), "LORA_ALPHA": above(0),
             "EVISD_LAMBDA": ((lambda v: 0 <= v < 1), ">= 0 and < 1"), "EVISD_TAU": above(0),
-            "EVAL_QUESTIONS": at_least(1), "EVAL_SEED": at_least(1),
-            "VALIDATION_WORLDS": at_least(1), "MAX_BAD_STEPS": at_least(1),
+            "EVAL_QUESTIONS": at_least(1), "EVAL_SEED": at_least(1), "MAX_BAD_STEPS": at_least(1),
             "DTYPE": ((lambda v: v != "float16"), "float32 or bfloat16: float16 would need "
                       "loss scaling, which this project does not do")},
     # "auto": (embedded model, HF model): a pretrained model must never get the tiny one's rates.
@@ -215,7 +220,7 @@ def rl_step(cfg, step, world, policy, reference, tokenizer, optimizer):
     ids, attention = r.input_ids.to(device), r.attention_mask.to(device)   # [N, T]
     gen_mask = r.gen_mask.to(device)       # [N, T] model-written tokens: the loss mask
 
-    # 2. Reward: each env scored its episode's final answer (search_env.reward: exact match).
+    # 2. Reward: each env scored its episode (search_env.outcome_reward: exact match).
     # 3. Group advantage: each reward's z-score within its question's group (grpo.py).
     adv = grpo.group_advantages(r.rewards, cfg["GROUP_SIZE"]).to(device)    # [N]
 
@@ -313,22 +318,21 @@ def build_policy(cfg, device):
 
 
 def frozen_reference(policy):
-    """The KL term's frozen warm-up model. Under LoRA, the policy itself: rl_step turns its adapter
-    off. Else a copy of its float32 weights, under the same autocast, so the KL at step 0 is
-    exactly 0 under every DTYPE (a bf16 copy would differ where autocast keeps float32)."""
+    """The KL term's frozen warm-up model: under LoRA the policy, its adapter off in rl_step; else
+    a float32 copy under the same autocast, so the KL at step 0 is exactly 0 in every DTYPE."""
     return policy if model.is_lora(policy) else copy.deepcopy(policy).eval().requires_grad_(False)
 
 
 def main(argv):
     cfg, resume, overwrite = configure(argv)
+    if (unread := unread_settings(cfg)) and os.environ.get("RANK", "0") == "0":
+        print(f"note: without effect: {', '.join(unread)}")    # before anything can refuse
     rank, world_size, device, dtype = runs.setup(cfg)
     out = cfg["OUT_DIR"]
     # OUT_DIR and the resume point are settled before the warm-up, so a mistake stops in seconds.
     resumed = runs.open_run(cfg, resume, overwrite, RUN_KEYS, DEFAULTS, SCHEMA, rank)
     if rank == 0:
         print(json.dumps(cfg))
-        if unread := unread_settings(cfg):
-            print(f"note: without effect: {', '.join(unread)}")
 
     # 1. The model, 2. the supervised warm-up (cached: the GRPO and EviSD runs of a seed share it).
     policy, tokenizer = build_policy(cfg, device)
@@ -376,7 +380,8 @@ def main(argv):
                 metrics, record = rl_step(cfg, step, world, policy, reference, tokenizer,
                                           optimizer)
                 if cfg["MEASURE"]:   # the lab's switch: what a benchmark measures beside the step
-                    metrics.update(runs.lab("measure", "MEASURE=True").measure(cfg, record))
+                    measured = runs.lab("measure", "MEASURE=True").measure(cfg, record)
+                    metrics.update({k: v for k, v in measured.items() if k not in metrics})
                 if world_size > 1:
                     runs.average_over_ranks(metrics, REDUCED, device)
                 bad_steps = bad_steps + 1 if metrics.get("nonfinite_loss") else 0

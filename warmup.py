@@ -19,6 +19,11 @@ import rollout
 import runs
 import toy_world
 
+# The toy's crutches, for the 0.5M embedded model; none is EviSD ("auto": off for an HF model).
+# SFT_PRIVILEGED_FRAC: 30% of demonstrations are clean, in the teacher's layout, so the model has
+# read a privileged block before EviSD's teacher leans on it (privileged_demonstration).
+# SFT_CONTEXT_LOSS: a loss on the tokens read teaches copying. SFT_REPEAT_*: copying comes sooner.
+
 # The warm-up's weights depend on these (and on the embedded model's shape): its cache key.
 KEYS = ("MODEL", "SEED", "PREV_TOKEN_INIT", "WORLD_SCALE", "TOP_K", "MAX_TURNS", "SFT_STEPS",
         "SFT_BATCH", "SFT_LR", "SFT_NOISE", "SFT_STOP_EARLY", "SFT_PARTIAL_NAME",

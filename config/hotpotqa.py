@@ -3,10 +3,11 @@ model; the Qwen preset brings Search-R1's RL settings and no warm-up):
 
     python train.py config/qwen2.5-0.5b-instruct.py config/hotpotqa.py --SEED=0
     python evaluate.py out/qwen2.5-0.5b-hotpotqa              # dev EM and F1, 95% intervals
-    python evaluate.py out/qwen2.5-0.5b-hotpotqa --credit     # the report card on supporting facts
+    python lab/report.py out/qwen2.5-0.5b-hotpotqa --credit   # the report card on supporting facts
 
 Each question searches its own ten paragraphs, and the teacher reads its supporting sentences
-(at most two paragraphs x two sentences) before a search. The files as distributed (README "Real data"), here under data/hotpotqa/.
+(at most two paragraphs x two sentences) before a search. The files as distributed
+(docs/real-data.md), here under data/hotpotqa/.
 Untested with real weights: the GPU machines here cannot download the model or the data.
 """
 DATA = "hotpotqa"

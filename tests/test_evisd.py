@@ -426,6 +426,33 @@ def test_answer_only_row_rescores_and_corrects_the_answer_alone(step_batch):
     assert (token_adv[answers] != plain[answers]).any()
 
 
+def other_values(name):
+    """Every value of an EviSD knob but its default (a number: one other)."""
+    default = train.DEFAULTS[name]
+    if name in evisd.CHOICES:
+        return [v for v in evisd.CHOICES[name] if v != default]
+    return [not default] if isinstance(default, bool) else [default / 2 + 0.1]
+
+
+@pytest.mark.parametrize("name", [n for n, when in evisd.KNOBS.items() if when])
+def test_a_knob_declared_unread_changes_nothing_under_its_condition(step_batch, name):
+    """evisd.KNOBS' declarations are true: under each condition, every other value of the knob
+    gives the same token advantages, teacher log-probs and extra loss as its default."""
+    lm, tok, world, r, adv, lp_s = step_batch
+    for other, value in evisd.KNOBS[name].items():
+        under = dict(**{other: value}, **({"EVISD_SPAN": "response"}
+                                          if value == "gated_loss" else {}))
+        outputs = []
+        for knob_value in [train.DEFAULTS[name]] + other_values(name):
+            token_adv, lp_t, extra = evisd.credit(lm, tok, world, r, adv, lp_s,
+                                                  knobs(**{**under, name: knob_value}))
+            outputs.append((token_adv, lp_t, extra and extra(lm, lp_s).item()))
+        for token_adv, lp_t, extra in outputs[1:]:
+            assert torch.equal(token_adv, outputs[0][0]) and torch.equal(lp_t, outputs[0][1])
+            assert extra == outputs[0][2], (name, other)
+    assert name in train.RUN_KEYS
+
+
 def test_gated_loss_gradient_by_hand():
     """d loss / d logp_t = -coef * sigmoid(tau * gap_t) * m_t / (generated tokens)."""
     torch.manual_seed(0)

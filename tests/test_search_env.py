@@ -156,7 +156,7 @@ def test_env_episode_flow(world):
 
 def test_the_reward_can_change_without_changing_what_evaluation_reads(world, monkeypatch):
     q = world.split("train")[0]
-    monkeypatch.setattr(search_env, "reward", lambda prediction, answers: 0.5)
+    monkeypatch.setattr(search_env, "outcome_reward", lambda answer, question, turns: 0.5)
     env = search_env.SearchEnv(world, q)
     r = env.step(f"<answer> {q.answers[0]} </answer>")
     assert r.reward == env.reward == 0.5 and env.em == 1.0

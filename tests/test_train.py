@@ -10,6 +10,7 @@ import pytest
 import torch
 
 import evaluate
+import evisd
 import model
 import runs
 import toy_world
@@ -102,17 +103,31 @@ def test_settings_without_effect_are_named():
     cfg, _, _ = train.configure(["--LORA_ALPHA=16"])
     assert train.unread_settings(cfg) == ["LORA_ALPHA=16.0 (under LORA_RANK=0)"]
     assert train.unread_settings(train.configure(["--LORA_ALPHA=16", "--LORA_RANK=8"])[0]) == []
+    # the data's settings on the toy world, the warm-up's without one, the answer's placement
+    # when every token is scored: each declared beside its knob, one condition named
+    cfg, _, _ = train.configure(["--CORPUS=c.jsonl", "--SFT_STEPS=0", "--SFT_LR=0.01",
+                                 "--EVISD_SPAN=response", "--ANSWER_AT=tag"])
+    assert train.unread_settings(cfg) == ["CORPUS='c.jsonl' (under DATA='toy')",
+                                          "SFT_LR=0.01 (under SFT_STEPS=0)",
+                                          "ANSWER_AT='tag' (under EVISD_SPAN='response')"]
+    # "auto" left as it is is no change, whatever it became
+    assert train.unread_settings(train.configure(["--SFT_STEPS=0"])[0]) == []
+
+
+def test_unread_declarations_name_real_settings():
+    """Each declaration names constants of train.py and values they can take."""
+    for name, conditions in {**train.UNREAD_WHEN, **evisd.KNOBS}.items():
+        assert name in train.DEFAULTS, name
+        for other, value in conditions.items():
+            assert type(value) is type(train.DEFAULTS[other]), (name, other)
+            train.configure([f"--{other}={value}"] + (
+                ["--EVISD_SPAN=response"] if value == "gated_loss" else []))
 
 
 def test_an_empty_model_directory_is_named_before_any_work(tmp_path):
     with pytest.raises(SystemExit,
                        match="has no config.json, so it is not a Hugging Face model directory"):
         train.configure([f"--MODEL={tmp_path}"])
-
-
-def test_validation_worlds_is_a_setting():
-    cfg, _, _ = train.configure(["--VALIDATION_WORLDS=5"])
-    assert cfg["VALIDATION_WORLDS"] == 5 and train.DEFAULTS["VALIDATION_WORLDS"] == 1000
 
 
 def test_presets_do_not_repeat_each_other():
@@ -270,7 +285,7 @@ def test_any_seed_trains_on_worlds_never_evaluated_on(seed):
     """Training worlds are named by strings, validation and held-out ones by integers: no
     training world's random stream is one of theirs, however large SEED is."""
     cfg, _, _ = train.configure([f"--SEED={seed}", "--WORLD_SCALE=0.15"])
-    low, high = cfg["EVAL_SEED"] - cfg["VALIDATION_WORLDS"], cfg["EVAL_SEED"] + 100
+    low, high = cfg["EVAL_SEED"] - 1000, cfg["EVAL_SEED"] + 100
     assert (evaluate.eval_world_seed(cfg, 0, validation=True) >= low
             and evaluate.eval_world_seed(cfg, 99) < high)
     evaluated = {random.Random(s).random() for s in range(low, high)}

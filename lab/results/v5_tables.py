@@ -14,13 +14,13 @@ whether the paper's figure (points / 100) lies inside; each group's own EM; lear
 """
 import glob
 import os
+import re
 import statistics
 import sys
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
 from lab import curves, report  # noqa: E402
 from lab import packs  # noqa: E402
-import evaluate   # noqa: E402
 
 WORLDS = 18          # protocol-v5.sh's EVAL_WORLDS_V5
 HEADLINE_SEEDS = range(30)
@@ -46,7 +46,7 @@ def rows(path):
             continue
         metrics = packs.metrics(run, path)
         out.append({"run": run["name"], "metrics": metrics,
-                    "group": evaluate.group_name(run["name"]),
+                    "group": re.sub(r"-s\d+$", "", run["name"]),   # evisd-s3: evisd
                     "method": cfg["METHOD"], "seed": cfg["SEED"],
                     **{k: em.get(k) for k in ("macro", "hop1", "hop2", "hop3")},
                     **curves.speed(metrics, cfg["RL_STEPS"])})

@@ -1,5 +1,7 @@
-"""The layout: the teaching core reads and runs on its own; the lab imports the core, and the
-core reaches the lab only through runs.lab, where a lab feature is switched on."""
+"""The maintainers' checks of the layout: the teaching core reads and runs on its own, within its
+weight; the lab imports the core, and the core reaches the lab only through runs.lab, where a lab
+feature is switched on. They sit among the lab's tests, so that a student's edit of the core
+keeps ``python -m pytest -q tests`` green; CI runs them."""
 import ast
 import os
 import shutil
@@ -10,7 +12,7 @@ import pytest
 
 from test_train import TINY
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 CORE = ("search_env.py", "toy_world.py", "model.py", "rollout.py", "grpo.py", "evisd.py",
         "warmup.py", "runs.py", "train.py", "evaluate.py")
 PROJECT = {name[:-3] for name in CORE} | {"lab"}
@@ -48,8 +50,7 @@ def test_the_core_keeps_its_weight():
 def test_lines_are_short():
     for name in CORE:
         lengths = [len(line) for line in open(os.path.join(ROOT, name)).read().splitlines()]
-        assert max(lengths) <= 120, name
-        assert sum(n > 100 for n in lengths) <= 0.01 * len(lengths), name
+        assert max(lengths) <= 100, name
 
 
 def test_the_core_runs_without_the_lab(tmp_path):
