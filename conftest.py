@@ -2,6 +2,7 @@
 and the device the tests that take one run on (``DEVICE=cuda python -m pytest``; the CPU by
 default), which lab/gpu_check.py uses on a GPU machine. Here, at the root, they serve tests/ and
 lab/tests/ alike."""
+import importlib.util
 import os
 
 import pytest
@@ -12,6 +13,10 @@ from transformers import GenerationConfig, PreTrainedTokenizerFast, Qwen2Config,
 import model
 
 DEVICE = os.environ.get("DEVICE", "cpu")
+# LoRA's package is not among the design card's (torch, transformers, numpy, tqdm, pytest): where
+# it is missing, CI's card-packages pass skips what LoRA needs.
+needs_peft = pytest.mark.skipif(importlib.util.find_spec("peft") is None,
+                                reason="LoRA needs peft, which this environment lacks")
 
 # ChatML, the template of the Qwen instruct models.
 CHAT_TEMPLATE = ("{% for m in messages %}"

@@ -138,9 +138,7 @@ PEERS = ("rlsd", "opsd", "sdar", "sd_search", "bicaa")
 
 
 def check_data(cfg):
-    """LoRA's package, and the lab's switch for real data: lab/real_data.py checks its files."""
-    if cfg["LORA_RANK"] and importlib.util.find_spec("peft") is None:
-        raise SystemExit("LORA_RANK > 0 trains a LoRA adapter with peft: pip install peft")
+    """The lab's switch for real data: lab/real_data.py checks its settings and files."""
     if real := evaluate.real_data(cfg):
         real.check_config(cfg)
 
@@ -325,6 +323,8 @@ def frozen_reference(policy):
 
 def main(argv):
     cfg, resume, overwrite = configure(argv)
+    if cfg["LORA_RANK"] and importlib.util.find_spec("peft") is None:
+        raise SystemExit("LORA_RANK > 0 trains a LoRA adapter with peft: pip install peft")
     if (unread := unread_settings(cfg)) and os.environ.get("RANK", "0") == "0":
         print(f"note: without effect: {', '.join(unread)}")    # before anything can refuse
     rank, world_size, device, dtype = runs.setup(cfg)

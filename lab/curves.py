@@ -65,14 +65,24 @@ def speed(metrics, rl_steps):
     return out
 
 
+def pyplot():
+    """matplotlib's pyplot, drawing to files; where matplotlib is missing, one line saying so (it
+    is the lab's, for pictures, and not among the core's packages)."""
+    try:
+        import matplotlib
+    except ImportError:
+        raise SystemExit("a plot needs matplotlib: pip install matplotlib") from None
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    return plt
+
+
 def plot_curves(rows, metrics, path):
     """Learning curves of evaluated runs: ``rows`` are evaluate.run_summary's (run, group, seed)
     and ``metrics`` maps each run to its metrics rows. Top: every run, one colour per seed and
     one line style per method, so a seed's pair reads at a glance; bottom: each method's mean
     over the seeds every method has. Shares are running means over WINDOW steps from step 0."""
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
     panels = [("label_search_partial", "partial-name searches (share of searches)"),
               ("label_answer_premature", "premature answers (share of answers)"),
               ("eval_macro", "held-out quick check (macro EM)"), ("reward", "sampled train reward")]

@@ -14,7 +14,7 @@ import rollout
 import runs
 import search_env
 import train
-from conftest import DEVICE
+from conftest import DEVICE, needs_peft
 from lab import expert
 from test_rollout import _check_masks, tok, trained, world  # noqa: F401 (fixtures)
 
@@ -96,7 +96,7 @@ ROWS = {"grpo": {"METHOD": "grpo"}, "evisd": {}, "response": {"EVISD_SPAN": "res
 
 @pytest.mark.parametrize("row", ROWS)
 @pytest.mark.parametrize("step_dtype", DTYPES)
-@pytest.mark.parametrize("lora_rank", (0, 4))
+@pytest.mark.parametrize("lora_rank", (0, pytest.param(4, marks=needs_peft)))
 def test_one_update_on_the_device_moves_the_weights(sampled, world, tok, row, step_dtype,
                                                     lora_rank, monkeypatch):
     """train.rl_step on the device, its world and rollout replaced by the sampled batch, with

@@ -9,6 +9,7 @@ import torch
 import evisd
 import train
 import warmup
+from conftest import needs_peft
 from test_evisd import step_batch, setup  # noqa: F401 (fixtures)
 from test_train import TINY
 
@@ -84,7 +85,8 @@ def test_the_teacher_reads_only_run_keys(row, step_batch):
     assert cfg.reads <= set(train.RUN_KEYS) | {"TEMPERATURE"}
 
 
-@pytest.mark.parametrize("row", ["grpo", "evisd", "gated loss", "lora"])
+@pytest.mark.parametrize("row", ["grpo", "evisd", "gated loss",
+                                 pytest.param("lora", marks=needs_peft)])
 def test_a_run_reads_only_classified_settings(row, tmp_path, monkeypatch):
     """train.main with a recording config: a step, a quick check and a save read run keys and
     free settings only; the method's own knobs among them (the other rows' placements: the

@@ -1,6 +1,7 @@
 """Tests for train.py and evaluate.py: overrides and presets, a smoke run of the real loop,
 resume, eval, and warm-up-free RL on a pretrained-style stand-in."""
 import glob
+import importlib.util
 import json
 import os
 import random
@@ -122,6 +123,16 @@ def test_unread_declarations_name_real_settings():
             assert type(value) is type(train.DEFAULTS[other]), (name, other)
             train.configure([f"--{other}={value}"] + (
                 ["--EVISD_SPAN=response"] if value == "gated_loss" else []))
+
+
+def test_lora_without_peft_stops_in_one_line(tmp_path, monkeypatch):
+    find_spec = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *args: None if name == "peft" else find_spec(name, *args))
+    with pytest.raises(SystemExit, match="^LORA_RANK > 0 trains a LoRA adapter with peft: "
+                                         "pip install peft$"):
+        train.main(["--LORA_RANK=8", f"--OUT_DIR={tmp_path}/run"])
+    assert not os.path.exists(tmp_path / "run")          # before any work
 
 
 def test_an_empty_model_directory_is_named_before_any_work(tmp_path):

@@ -27,6 +27,7 @@ import rollout  # noqa: E402
 import search_env  # noqa: E402
 import toy_world  # noqa: E402
 import train  # noqa: E402
+from lab import curves  # noqa: E402
 
 PANELS = [("GRPO: Â = A on every generated token", None),
           ("EviSD (the paper's): the content of each action moves", {}),
@@ -56,9 +57,7 @@ def pick_episode(lm, tok, cfg, seed=0):
 def draw(rows, tokens, read, A, lam, out):
     """rows: [(title, Â [n])] over ``tokens`` (strings); ``read`` [n] bool: not generated; the
     colour scale spans A ± lam |A|."""
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = curves.pyplot()
     scale = lam * abs(A)
     cmap = plt.get_cmap("PuOr_r")
     width, per_line = 14.0, 110                 # inches; characters per line

@@ -198,3 +198,53 @@ def test_every_documented_command_reads_its_arguments(monkeypatch, command):
         except SystemExit as e:
             pytest.fail(f"{form!r} (shown in {', '.join(COMMANDS[command])}) stops: {e}")
         assert parsed is not None
+
+
+# ----------------------------------------------------------------------------- the README's claims
+README = open(os.path.join(ROOT, "README.md")).read()
+
+
+def readme_reward():
+    """The README's reward edit, as the function it tells a reader to write."""
+    bullet = README[README.index("**Another reward.**"):].split("\n- ")[0]
+    body = re.search(r"`(return [^`]+)`", bullet).group(1)
+    import search_env
+    namespace = dict(vars(search_env))
+    exec(f"def outcome_reward(answer, question, turns):\n    {body}\n", namespace)
+    return namespace["outcome_reward"]
+
+
+def test_the_readme_reward_edit_shows_in_the_log_and_evaluation_stays_exact_match(
+        tmp_path, monkeypatch):
+    import search_env
+    import train
+    from test_train import TINY, rows
+    args = TINY + ["--MAX_TURNS=4", "--RL_STEPS=1", "--EVAL_EVERY=0", "--PPO_EPOCHS=1",
+                   f"--SFT_DIR={tmp_path}/sft"]
+    policy = train.main(args + [f"--OUT_DIR={tmp_path}/em"])
+    cfg = train.configure(args)[0]
+    tokenizer = train.build_policy(cfg, "cpu")[1]
+    exact = evaluate.heldout_em(policy, tokenizer, cfg, 4)
+    monkeypatch.setattr(search_env, "outcome_reward", readme_reward())
+    train.main(args + [f"--OUT_DIR={tmp_path}/edited"])
+    (before,), (after,) = rows(f"{tmp_path}/em"), rows(f"{tmp_path}/edited")
+    # The same episodes (seed 0, the same weights), charged for their turns: the logged reward
+    # falls below the logged exact match, which did not move.
+    assert after["em"] == before["em"] and after["turns"] == before["turns"] > 2
+    assert after["reward"] < before["reward"] and after["reward"] < after["em"]
+    # Evaluation reads exact match, never the reward.
+    assert evaluate.heldout_em(policy, tokenizer, cfg, 4) == exact
+
+
+def test_the_picture_shows_what_training_reads():
+    """The fields the README's picture hands from the rollout to training are read by the core's
+    step (train.py, grpo.py, evisd.py), and the notation's names are the code's."""
+    picture = README[README.index("toy_world: questions"):]
+    fields = re.search(r"│ ([a-z_, ]+)\n", picture).group(1).split(", ")
+    step = "".join(open(os.path.join(ROOT, f)).read() for f in ("train.py", "evisd.py"))
+    for name in fields:
+        assert re.search(rf"\b(r|rollouts)\.{name}s?\b", step), name
+    notation = README[README.index("## Notation"):README.index("### The paper")]
+    for name in re.findall(r"^\| `([a-z_]+)`", notation, re.M) + re.findall(
+            r"\(`([a-z_]+)`\)", notation):
+        assert re.search(rf"\b{name}\b", step), name
