@@ -101,9 +101,9 @@ def documented():
 
 # A usage line's placeholders, each replaced by a value its parser takes.
 PLACEHOLDERS = {"RUN": "out/run", "RUN_DIR": "out/run", "OUT": "out/x", "N": "2", "K": "3",
-                "Q": "4", "R": "8", "F": "out/m.json", "RANK": "8", "SHAPE": "tiny", "NAME": "name", "DIR": "out/d",
-                "PACK": "out/p.jsonl.gz", "PNG": "out/c.png", "WARMUP_DIR": "out/sft",
-                "<its dir>": "out/sft"}
+                "Q": "4", "R": "8", "F": "out/m.json", "RANK": "8", "SHAPE": "tiny", "NAME": "name",
+                "DIR": "out/d", "PACK": "out/p.jsonl.gz", "PNG": "out/c.png",
+                "WARMUP_DIR": "out/sft", "<its dir>": "out/sft"}
 
 
 def concrete(command):
@@ -176,7 +176,8 @@ def test_the_commands_are_collected():
     places = {p for ps in COMMANDS.values() for p in ps}
     assert {"README.md", "docs/one-gpu.md", "lab/README.md", "config/hotpotqa.py",
             "evaluate.py", "lab/report.py"} <= places
-    fast = "python train.py --RL_STEPS=5 --EVAL_EVERY=0 --MEASURE=True --OUT_DIR=out/fast --overwrite"
+    fast = ("python train.py --RL_STEPS=5 --EVAL_EVERY=0 --MEASURE=True --OUT_DIR=out/fast "
+            "--overwrite")
     assert fast in COMMANDS and len(COMMANDS) > 80
     assert set(NOT_RUN) | set(RUN_BY) <= set(COMMANDS), set(NOT_RUN) - set(COMMANDS)  # none stale
     for test in RUN_BY.values():
