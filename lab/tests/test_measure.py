@@ -43,3 +43,12 @@ def test_no_gap_moves_nothing():
     st = measure.gap_stats(adv, torch.zeros_like(lp_s), adv[:, None] * gen, gen, kind)
     assert st["modulated_frac"] == 0 and st["search_w_mean"] == 1.0
     assert st["search_gap_abs_mean"] == 0.0
+
+
+def test_the_measurement_never_overwrites_what_the_step_logs(tmp_path, monkeypatch):
+    """MEASURE's values sit beside the step's: a key both have keeps the step's value."""
+    from test_train import rows, run
+    monkeypatch.setattr(measure, "measure", lambda cfg, record: {"modulated_frac": -1.0,
+                                                                "reward": -1.0, "probe": 7})
+    (row,) = rows(run(tmp_path, "measured", "--RL_STEPS=1", "--EVAL_EVERY=0", "--MEASURE=True"))
+    assert row["probe"] == 7 and row["modulated_frac"] >= 0 and row["reward"] >= 0
