@@ -125,6 +125,16 @@ def test_unread_declarations_name_real_settings():
                 ["--EVISD_SPAN=response"] if value == "gated_loss" else []))
 
 
+def test_the_without_effect_note_comes_before_a_refusal(tmp_path, capsys):
+    """A GRPO run given an EviSD knob, into an OUT_DIR that holds a run: the note is printed,
+    then the reused OUT_DIR stops it."""
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "metrics.jsonl").write_text('{"step": 0}\n')
+    with pytest.raises(SystemExit, match="already holds a run"):
+        train.main(["--METHOD=grpo", "--EVISD_TAU=2.0", f"--OUT_DIR={tmp_path}/run"])
+    assert "note: without effect: EVISD_TAU=2.0 (under METHOD='grpo')" in capsys.readouterr().out
+
+
 def test_lora_without_peft_stops_in_one_line(tmp_path, monkeypatch):
     find_spec = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec",

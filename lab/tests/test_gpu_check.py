@@ -8,6 +8,8 @@ import subprocess
 import sys
 import time
 
+import pytest
+
 # the repository
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 spec = importlib.util.spec_from_file_location("gpu_check",
@@ -16,6 +18,8 @@ gpu_check = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(gpu_check)
 
 
+# Every part is a process of its own (80 s here): CI runs it in a step of its own (pytest.ini).
+@pytest.mark.ci_step
 def test_dry_mode_runs_every_part_and_writes_the_report(tmp_path):
     out = tmp_path / "out"
     parts = list(gpu_check.PARTS) + ["tests", "bench", "torchrun"]
