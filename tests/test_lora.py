@@ -1,12 +1,11 @@
 """LoRA (LORA_RANK > 0): only the adapter trains; the base weights, held in the compute dtype, stay
 byte for byte; the KL's reference is the same model with its adapter off, exactly the base; and a
-LoRA run resumes, is evaluated and merges into a plain HF directory. (One RL step per method and
-ablation row under LoRA, float32 and bf16, is in test_device.py.)"""
+LoRA preset resumes on its base and is evaluated. (One RL step per method and ablation row under
+LoRA, float32 and bf16, is in test_device.py; a LoRA run merged by lab/export.py, in
+lab/tests/test_lora_export.py.)"""
 import copy
 import json
 import os
-import runpy
-import sys
 
 import pytest
 
@@ -17,12 +16,9 @@ from transformers import AutoModelForCausalLM
 import evaluate
 import model
 import train
-from lab import export
 from test_device import CFG, DTYPES, device, sampled  # noqa: F401 (fixtures)
 from test_rollout import tok, trained, world  # noqa: F401 (fixtures)
-from test_train import TINY, rows, run, strip_timing
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from test_train import TINY, rows
 
 
 def with_lora(lm, dtype=torch.float32, rank=4):
@@ -82,60 +78,6 @@ def test_rl_steps_move_only_the_adapter_and_the_reference_is_the_base(sampled, w
         off = batch_logprobs(lora, r, dtype)
     assert torch.equal(off, batch_logprobs(plain, r, dtype))
     assert not torch.equal(batch_logprobs(lora, r, dtype), off)
-
-
-def lora_run(tmp_path, name, *extra):
-    # OPSD's advantage is the teacher's gap, so the adapter moves even where every reward is 0,
-    # once a warm-up of 40 steps writes actions for the teacher to re-score.
-    return run(tmp_path, name, "--LORA_RANK=4", "--METHOD=opsd", "--LR=1e-3", "--SFT_STEPS=40",
-               "--PPO_EPOCHS=1", *extra)
-
-
-def test_a_lora_run_resumes_is_evaluated_and_merges(tmp_path, capsys, monkeypatch):
-    full = lora_run(tmp_path, "full")
-    logged = [r for r in rows(full) if not r.get("eval")]
-    assert logged[0]["kl"] == 0.0 and logged[-1]["kl"] > 0
-    # A checkpoint holds the adapter, not the base; its base is named twice.
-    ckpt = os.path.join(full, "ckpt-000004")
-    assert {"adapter_model.safetensors", "adapter_config.json", "state.pt"} <= set(os.listdir(ckpt))
-    assert "model.safetensors" not in os.listdir(ckpt)
-    state = torch.load(os.path.join(ckpt, "state.pt"), weights_only=False)
-    sft = state["sft_path"]
-    assert sft.startswith(f"{tmp_path}/sft-") and os.path.isdir(sft)
-    assert json.load(open(os.path.join(ckpt, "adapter_config.json")))[
-        "base_model_name_or_path"] == sft
-
-    # 2 steps, then --resume for 2 more: the uninterrupted run's values.
-    part = lora_run(tmp_path, "part", "--RL_STEPS=2")
-    lora_run(tmp_path, "part", "--resume")
-    assert strip_timing(rows(part)) == strip_timing(rows(full))
-    # The adapter's shape defines the run: --resume refuses another.
-    with pytest.raises(SystemExit, match=r"another run: LORA_RANK=8 \(checkpoint: 4\)"):
-        lora_run(tmp_path, "part", "--resume", "--LORA_RANK=8")
-
-    # evaluate.py scores it, and the warm-up it started from.
-    js = str(tmp_path / "rows.json")
-    evaluate.main([full, "--worlds", "1", "--json", js])
-    (got,) = json.load(open(js))["runs"]
-    assert got["hop1_n"] > 0 and "macro" in got and got["warmup_macro"] is not None
-
-    # The export, run as its command: a plain HF directory whose log-probs are the LoRA model's.
-    merged = str(tmp_path / "merged")
-    monkeypatch.setattr(sys, "argv", ["lab/export.py", full, merged])
-    runpy.run_path(os.path.join(ROOT, "lab", "export.py"), run_name="__main__")
-    assert f"saved {merged}: a plain HF directory" in capsys.readouterr().out
-    assert "adapter_config.json" not in os.listdir(merged)
-    plain = AutoModelForCausalLM.from_pretrained(merged)
-    lora, _ = model.load_model(ckpt)
-    ids = torch.randint(5, 300, (3, 40))
-    mask = torch.ones_like(ids)
-    with torch.no_grad():
-        want = model.token_logprobs(lora, ids, mask)
-        assert (model.token_logprobs(plain, ids, mask) - want).abs().max() < 1e-4
-        with model.without_adapter(lora):          # and the adapter made a difference
-            assert (model.token_logprobs(lora, ids, mask) - want).abs().max() > 1e-3
-    with pytest.raises(SystemExit, match="exists already"):
-        export.export(full, merged)
 
 
 def test_the_3b_preset_trains_an_adapter_on_a_pretrained_standin(tmp_path, standin_dir,

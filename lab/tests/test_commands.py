@@ -50,7 +50,8 @@ COMMANDS = {
     "lab/gpu_memory.py tiny --dry": GPU_CHECK,
     "lab/gpu_memory.py tiny --dry --lora R --layers N":
         "lab/tests/test_gpu_memory.py::test_lora_trains_a_rank_r_pair_on_every_projection",
-    "lab/export.py RUN OUT": "tests/test_lora.py::test_a_lora_run_resumes_is_evaluated_and_merges",
+    "lab/export.py RUN OUT":
+        "lab/tests/test_lora_export.py::test_a_lora_run_resumes_is_evaluated_and_merges",
     "lab/precision.py RUN [--experts]": "test_precision_on_a_run",
     "lab/warmup_sweep.py NAME --seeds S, --table": "test_warmup_sweep_and_its_table",
     "lab/bm25_scale.py N": "test_bm25_scale",
