@@ -1,7 +1,7 @@
 """Shared fixtures: a local stand-in for a pretrained instruct model, built without a download;
 and the device the tests that take one run on (``DEVICE=cuda python -m pytest``; the CPU by
 default), which lab/gpu_check.py uses on a GPU machine. Here, at the root, they serve tests/ and
-lab/tests/ alike."""
+lab/tests/ alike, with the small tokenizer, world and models many test files share."""
 import importlib.util
 import os
 
@@ -11,6 +11,8 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import GenerationConfig, PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
 
 import model
+import rollout
+import toy_world
 
 DEVICE = os.environ.get("DEVICE", "cpu")
 # LoRA's package is not among the design card's (torch, transformers, numpy, tqdm, pytest): where
@@ -58,3 +60,48 @@ def build_standin(path):
 @pytest.fixture(scope="session")
 def standin_dir(tmp_path_factory):
     return build_standin(tmp_path_factory.mktemp("standin-instruct"))
+
+
+# ----------------------------------------------------------------------------- shared fixtures
+# Here, not in a test file: a session fixture imported into several files is built once per file.
+@pytest.fixture(scope="session")
+def tok():
+    return model.build_tokenizer(model.tokenizer_texts(seeds=(0,)))
+
+
+@pytest.fixture(scope="session")
+def lm(tok):
+    torch.manual_seed(0)
+    return model.build_model(tok, "tiny").eval()
+
+
+@pytest.fixture(scope="session")
+def world():
+    return toy_world.make_world(seed=7, n_people=20, n_cities=8, n_countries=3, n_films=8,
+                                n_companies=6)
+
+
+@pytest.fixture(scope="session")
+def trained(tok, world):
+    """A tiny model briefly fitted to expert transcripts."""
+    torch.manual_seed(0)
+    lm = model.build_model(tok, "tiny")
+    opt = torch.optim.AdamW(lm.parameters(), lr=3e-3)
+    trs = []
+    for q in [q for q in world.split("train") if q.hops == 1][:6]:
+        ep = toy_world.expert_episode(q, world)
+        trs.append(rollout.encode_episode(tok, model.render_prompt(tok, q), ep.turns,
+                                        ep.observations))
+    b = rollout.collate(trs, tok.pad_token_id)
+    for _ in range(60):    # enough to write tagged searches and answers
+        lp = model.token_logprobs(lm, b["input_ids"], b["attention_mask"], score_mask=b["gen_mask"])
+        loss = -(lp * b["gen_mask"]).sum() / b["gen_mask"].sum()
+        opt.zero_grad(); loss.backward(); opt.step()
+    return lm.eval()
+
+
+@pytest.fixture(scope="session")
+def standin(standin_dir):
+    """(model, tokenizer) of the local stand-in for a pretrained instruct model (conftest.py)."""
+    lm, tok = model.load_model(standin_dir, local_files_only=True)
+    return lm.eval(), tok

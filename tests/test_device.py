@@ -16,7 +16,7 @@ import search_env
 import train
 from conftest import DEVICE, needs_peft
 from lab import expert
-from test_rollout import _check_masks, tok, trained, world  # noqa: F401 (fixtures)
+from test_rollout import _check_masks
 
 # train.py's config on this device, every "auto" resolved: the dtype it computes in (bf16
 # autocast on CUDA), and how far its log-probs may sit from the CPU's float32 ones: bf16 keeps

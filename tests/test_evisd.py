@@ -14,7 +14,6 @@ import rollout
 import search_env
 import toy_world
 import train
-from test_rollout import tok, trained, world  # noqa: F401 (fixtures)
 
 S, A_ = rollout.KIND_IDS["search"], rollout.KIND_IDS["answer"]
 

@@ -17,7 +17,6 @@ import evaluate
 import model
 import train
 from test_device import CFG, DTYPES, device, sampled  # noqa: F401 (fixtures)
-from test_rollout import tok, trained, world  # noqa: F401 (fixtures)
 from test_train import TINY, rows
 
 

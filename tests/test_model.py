@@ -8,7 +8,6 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 import model
 import search_env
 import toy_world
-from test_rollout import lm, standin, tok, world  # noqa: F401 (fixtures)
 
 
 def test_tokenizer_round_trip_and_single_token_tags(tok, world):

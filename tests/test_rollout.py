@@ -1,5 +1,5 @@
 """Tests for rollout.py: rollouts, their masks and the action ranges recorded as turns are cut;
-transcripts of text episodes. Its fixtures (tokenizers, models, a world) serve other test files."""
+transcripts of text episodes. Its fixtures (tokenizers, models, a world) are conftest.py's."""
 import json
 import os
 import random
@@ -16,53 +16,11 @@ import toy_world
 import train
 
 
-@pytest.fixture(scope="session")
-def tok():
-    return model.build_tokenizer(model.tokenizer_texts(seeds=(0,)))
-
-
-@pytest.fixture(scope="session")
-def lm(tok):
-    torch.manual_seed(0)
-    return model.build_model(tok, "tiny").eval()
-
-
-@pytest.fixture(scope="session")
-def world():
-    return toy_world.make_world(seed=7, n_people=20, n_cities=8, n_countries=3, n_films=8,
-                                n_companies=6)
-
-
-@pytest.fixture(scope="session")
-def trained(tok, world):
-    """A tiny model briefly fitted to expert transcripts."""
-    torch.manual_seed(0)
-    lm = model.build_model(tok, "tiny")
-    opt = torch.optim.AdamW(lm.parameters(), lr=3e-3)
-    trs = []
-    for q in [q for q in world.split("train") if q.hops == 1][:6]:
-        ep = toy_world.expert_episode(q, world)
-        trs.append(rollout.encode_episode(tok, model.render_prompt(tok, q), ep.turns,
-                                        ep.observations))
-    b = rollout.collate(trs, tok.pad_token_id)
-    for _ in range(60):    # enough to write tagged searches and answers
-        lp = model.token_logprobs(lm, b["input_ids"], b["attention_mask"], score_mask=b["gen_mask"])
-        loss = -(lp * b["gen_mask"]).sum() / b["gen_mask"].sum()
-        opt.zero_grad(); loss.backward(); opt.step()
-    return lm.eval()
-
-
-@pytest.fixture(scope="session")
-def standin(standin_dir):
-    """(model, tokenizer) of the local stand-in for a pretrained instruct model (conftest.py)."""
-    lm, tok = model.load_model(standin_dir, local_files_only=True)
-    return lm.eval(), tok
-
-
 def policy(which, request):
     if which == "embedded":
         return request.getfixturevalue("lm"), request.getfixturevalue("tok")
     return request.getfixturevalue("standin")
+
 
 def _check_masks(r, tok, world):
     N, T = r.input_ids.shape

@@ -9,7 +9,6 @@ import torch
 
 import train
 from lab import call_graph
-from test_rollout import tok, trained, world  # noqa: F401 (fixtures)
 
 MOST = 40         # a random model, no warm-up: python lab/call_graph.py with the flags below
 MOST_WARM = 49    # a model that searches and answers (2026-12-06; 2026-12-07: +update_begins)

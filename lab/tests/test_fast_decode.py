@@ -12,7 +12,7 @@ import rollout
 import search_env
 from lab import fast_decode
 from test_rollout import (ScriptedLM, _check_masks, greedy_tokens_are_a_fresh_forwards_argmax,
-                          lm, policy, standin, tok, trained, world)  # noqa: F401 (fixtures)
+                          policy)
 
 # train.DECODE's values: the core's rollout, and this lab file's two
 PLAYS = {"generate": rollout.rollout, "static": fast_decode.decoder("static")}

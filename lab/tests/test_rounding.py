@@ -3,7 +3,6 @@ embedded model: if a change makes the gap fragile under the GPU's precision, thi
 import grpo
 import train
 from lab import expert, precision
-from test_rollout import tok, trained, world  # noqa: F401 (fixtures)
 
 GUARD = 0.10     # rounding may move at most this share of the correction's mass, per kind
 
