@@ -30,6 +30,7 @@ COMMAND = re.compile(r"^(?:[A-Z_]+=\S+ )*(?:python|bash|torchrun)\s")
 NOT_RUN = {
     "python -m pytest -q": "the suite itself: CI runs it (.ci/run)",
     "python -m pytest -q tests": "the core's tests: CI's card-packages pass runs it (.ci/run)",
+    "python -m pytest -q -m ci_step": "the slow checks: CI runs them in a step of their own",
     "bash .ci/run": "CI itself",
     "python scripts/download.py --save_path $SAVE": "Search-R1's repository, not this one",
 }
