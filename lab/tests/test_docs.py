@@ -4,7 +4,9 @@
 
 Each command is handed to its own program in this process, ``python SCRIPT ARGS`` as the shell
 would: its flags are read by its own parser (argparse, or train.py's settings, every value
-checked), and the program stops there (``Parsed``), before any model or data is touched. A renamed
+checked), and the program stops there (``Parsed``), before any model or data is touched. A script
+without a parser (the tables, the toy world's tour, bm25_scale.py) runs to its end, writing
+under a scratch folder. A renamed
 flag, a moved option, a setting that no longer exists or a value out of range fails here, not
 for a reader. What each command then does end to end, on tiny settings, the tests of its program
 run (lab/tests/test_commands.py names one for every lab command). Placeholders of a usage line
@@ -118,9 +120,12 @@ def concrete(command):
     return [" ".join(w for w in words if w)]
 
 
-def run_until_parsed(monkeypatch, command):
-    """Hand ``command`` to its program in this process; True once it has read its arguments."""
-    words = command.split()
+def run_until_parsed(monkeypatch, command, scratch):
+    """Hand ``command`` to its program in this process: True once it has read its arguments,
+    False where it ran to its end (a script without a parser: the tables, the toy world's tour).
+    What it would write (out/..., /tmp/..., a picture) goes under ``scratch``."""
+    words = [os.path.join(scratch, w.lstrip("/")) if w.startswith(("out/", "/tmp/"))
+             or w.endswith(".png") else w for w in command.split()]
     while "=" in words[0] and not words[0].startswith("-"):      # OMP_NUM_THREADS=1 python ...
         words.pop(0)
     assert words[0] == "python", command
@@ -188,7 +193,7 @@ def test_the_commands_are_collected():
 
 
 @pytest.mark.parametrize("command", sorted(COMMANDS))
-def test_every_documented_command_reads_its_arguments(monkeypatch, command):
+def test_every_documented_command_reads_its_arguments(monkeypatch, tmp_path, command):
     if reason := NOT_RUN.get(command) or next(
             (why for start, why in NOT_RUN_PREFIX.items() if command.startswith(start)), None):
         pytest.skip(reason)
@@ -196,7 +201,7 @@ def test_every_documented_command_reads_its_arguments(monkeypatch, command):
         pytest.skip(f"run end to end by {RUN_BY[command]}")
     for form in concrete(command):
         try:
-            parsed = run_until_parsed(monkeypatch, form)
+            parsed = run_until_parsed(monkeypatch, form, str(tmp_path))
         except SystemExit as e:
             pytest.fail(f"{form!r} (shown in {', '.join(COMMANDS[command])}) stops: {e}")
         assert parsed is not None
