@@ -249,4 +249,6 @@ if __name__ == "__main__":
     ep = expert_episode(q, world)
     print(f"\n-- the expert on the last one (reward {ep.reward}):")
     for turn, obs in zip(ep.turns, ep.observations):
-        print("  model:", turn + (f"\n  env:   {obs}" if obs else ""))
+        print("  model:", turn)
+        if obs:
+            print("  env:  ", obs)

@@ -48,8 +48,8 @@ SFT_STEPS = 750
 SFT_BATCH = 14
 SFT_LR = "auto"              # 3e-3 embedded, 1e-5 HF
 SFT_NOISE = 0.4              # chance that an expert demonstration makes one mistake
-SFT_STOP_EARLY = 0.5         # habits only the reward corrects: a 2-hop demonstration answers a
-SFT_PARTIAL_NAME = 0.5       # hop early; it searches a person by first name only
+SFT_STOP_EARLY = 0.5         # a habit only the reward corrects: answering a 2-hop question early
+SFT_PARTIAL_NAME = 0.5       # another: searching a person by the first name only
 SFT_DIR = "out/sft"          # warm-up checkpoints, one per (seed, model, world, SFT settings)
 # The toy's crutches: they let the 0.5M embedded model learn to copy and to read a privileged
 # block in minutes. None is part of EviSD; "auto" turns each off for an HF model (warmup.py).
@@ -145,10 +145,8 @@ def check_data(cfg):
 
 def unread_settings(cfg):
     """["NAME=value (under OTHER=value)"]: changed settings that another leaves without effect."""
-    when = dict(UNREAD_WHEN)
-    if cfg["METHOD"] in ("evisd", "grpo"):   # a peer's rule reads EviSD's knobs its own way
-        when.update(dict.fromkeys(evisd.KNOBS, {"METHOD": "grpo"}) if cfg["METHOD"] == "grpo"
-                    else evisd.KNOBS)
+    knobs = {"evisd": evisd.KNOBS, "grpo": dict.fromkeys(evisd.KNOBS, {"METHOD": "grpo"})}
+    when = {**UNREAD_WHEN, **knobs.get(cfg["METHOD"], {})}   # a peer reads the knobs its own way
     defaults = dict(DEFAULTS, MODEL=cfg["MODEL"])
     runs.resolve_auto(defaults, SCHEMA)              # "auto" compared as what it became
     unread = {k: next((o for o, v in c.items() if cfg[o] == v), None) for k, c in when.items()}
