@@ -1,11 +1,12 @@
 """The lab's report on trained runs: evaluate.py's held-out EM with what only the lab measures,
 every measure paired by seed (``paired_differences``), as four tables; learning speed and curves
-(lab/curves.py); the teacher's report card and gap view (lab/credit.py); and the power line
+(lab/curves.py); the teacher's report card and gap view (lab/credit.py); one step's credit as a
+page (lab/credit_page.py); and the power line
 (``seeds_for``).
 
     python lab/report.py RUN_DIR... [--speed] [--plot PNG] [--credit [Q]] [--variants] [--rules]
                          [--show K] [--worlds N] [--validation] [--json F] [--baseline NAME]
-                         [--device D] [--dtype T]
+                         [--device D] [--dtype T] [--credit-page HTML [--NAME=value ...]]
 
     python lab/report.py out/evisd-s0 out/grpo-s0 ...     # the four tables
     python lab/report.py out/* --speed --plot curves.png  # learning speed, paired too; curves
@@ -13,6 +14,7 @@ every measure paired by seed (``paired_differences``), as four tables; learning 
     python lab/report.py out/evisd-s0 --credit --variants --validation   # every design choice
     python lab/report.py out/evisd-s0 --credit --rules    # every credit rule on the same samples
     python lab/report.py out/evisd-s0 --show 3            # episodes with each action token's gap
+    python lab/report.py out/fast --credit-page out/fast/credit.html   # one step's credit, a page
 
 The tables: each run's EM per number of hops with its 95% interval; each method (runs named
 ``...-s<seed>``) as mean ± std over seeds; each method paired by seed against the baseline (the
@@ -222,7 +224,19 @@ def main(argv):
                           "the same samples")
     lab.add_argument("--show", type=int, default=0, metavar="K",
                      help="print K example groups with each action token's gap (lab/credit.py)")
-    args = ap.parse_args(argv)
+    lab.add_argument("--credit-page", metavar="HTML", default=None,
+                     help="one RL step's credit, token by token, as a page (lab/credit_page.py); "
+                          "train.py's --NAME=value after it adds the first run under those "
+                          "settings as a column")
+    # train.py's settings are left over for --credit-page; anything else is an error
+    args, settings = ap.parse_known_args(argv)
+    if settings and not args.credit_page:
+        ap.error(f"unrecognized arguments: {' '.join(settings)}")
+    if args.credit_page:
+        if args.credit or args.show:
+            raise SystemExit("--credit-page: one at a time with --credit and --show")
+        from lab import credit_page
+        return credit_page.write_page(args.runs, args.credit_page, settings)
     if args.credit < 0 or args.show < 0:
         raise SystemExit(f"--credit and --show must be >= 0, got {args.credit} and {args.show}")
     if (args.variants or args.rules) and not args.credit:
