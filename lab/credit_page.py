@@ -219,7 +219,8 @@ def render(tok, r, adv, cols, title):
     groups = sorted(range(0, len(adv), size), key=lambda g: not adv[g:g + size].any())
     rows = []
     for i in (g + k for g in groups for k in range(size)):
-        rows += [episode_html(tok, r, i, adv, col, cfg["EVISD_LAMBDA"]) for _, cfg, col, _ in cols]
+        rows += [episode_html(tok, r, i, adv, col, cfg["EVISD_LAMBDA"])
+                 for _, cfg, col, _ in cols]
     legend = ("Each generated token is coloured by Â − A: <span class=scale></span> from −λ|A| "
               "(red: the teacher pushed it down) through white (untouched) to +λ|A| (blue: "
               "up). <span class=g>Grey</span>: the prompt and &lt;information&gt;, written by "

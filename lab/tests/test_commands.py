@@ -58,6 +58,8 @@ COMMANDS = {
     "lab/call_graph.py --NAME=value": "test_call_graph_command",
     "lab/packs.py pack|unpack": "test_packs_unpack_then_pack_gives_the_committed_bytes",
     "lab/report.py RUN... --speed --plot, --credit, --variants, --show": REPORT,
+    "lab/report.py RUN... --credit-page HTML [--NAME=value]":
+        "lab/tests/test_credit_page.py::test_the_fast_loop_page",
     "lab/report.py RUN --credit --rules":
         "lab/tests/test_credit.py::test_rules_mode_end_to_end_through_the_report",
     "train.py --DATA=hotpotqa": HOTPOT,

@@ -244,11 +244,10 @@ def check_in_browser(path, png, episodes):
         shown = driver.find_elements(By.CSS_SELECTOR, ".ep")
         assert len(shown) == episodes * len(drawn.columns)
         assert all(e.size["height"] > 0 for e in shown)              # each one laid out
-        # the first coloured token under m of the first column: hover, read its tooltip
-        k = next(n for n, ep in enumerate(drawn.episodes[::len(drawn.columns)])
-                 if any(t[2] and t[3] for t in ep["tokens"]))
-        ep = drawn.episodes[k * len(drawn.columns)]
-        j = next(j for j, t in enumerate(ep["tokens"]) if t[2] and t[3])
+        # the token the teacher moved most in the first column: hover, read its tooltip
+        ep, j = max(((ep, j) for ep in drawn.column(0).values()
+                     for j, t in enumerate(ep["tokens"]) if t[2]),
+                    key=lambda pair: abs(pair[0]["tokens"][pair[1]][0] - pair[0]["a"]))
         token = driver.find_elements(By.CSS_SELECTOR, f"#e{ep['id']} i")[j]
         assert driver.find_element(By.ID, "tip").get_attribute("hidden") is not None
         driver.execute_script("arguments[0].scrollIntoView({block: 'center'})", token)
@@ -272,13 +271,15 @@ def test_the_page_renders_in_a_browser(step_runs, tmp_path):
 
 
 @pytest.mark.ci_step
-def test_the_fast_loop_page(tmp_path):
+def test_the_fast_loop_page(tmp_path, monkeypatch):
     """The README's fast loop, then its last command, for real (a warm-up of 2 minutes): the
     page is written in 15 s or less and weighs 2 MB or less, its Â are evisd.credit's on the
-    same batch, and it renders in a browser (CREDIT_PAGE_PNG=path keeps the screenshot)."""
-    out = str(tmp_path / "fast")
+    same batch, and it renders in a browser, alone and beside the whole-response row (whose
+    screenshot is lab/results/credit-page.png: CREDIT_PAGE_PNG=path keeps it)."""
+    monkeypatch.chdir(tmp_path)                # the README's paths, under tmp_path
+    out = "out/fast"
     train.main(["--RL_STEPS=5", "--EVAL_EVERY=0", "--MEASURE=True", f"--OUT_DIR={out}",
-                "--overwrite", f"--SFT_DIR={tmp_path}/sft"])
+                "--overwrite"])
     path = os.path.join(out, "credit.html")
     t0 = time.perf_counter()
     report.main([out, "--credit-page", path])
@@ -291,5 +292,31 @@ def test_the_fast_loop_page(tmp_path):
     for i, ep in episodes.items():
         hats = torch.tensor([t[0] for t in ep["tokens"]], dtype=torch.float32)
         assert torch.equal(hats, token_adv[i][r.gen_mask[i].bool()])
-    png = os.environ.get("CREDIT_PAGE_PNG") or str(tmp_path / "credit.png")
+    check_in_browser(path, str(tmp_path / "credit.png"), episodes=len(adv))
+    # Beside the whole-response row: the picture of lab/results/credit-page.png
+    report.main([out, "--credit-page", path, "--EVISD_SPAN=response"])
+    png = os.path.join(ROOT, os.environ.get("CREDIT_PAGE_PNG") or str(tmp_path / "response.png"))
     check_in_browser(path, png, episodes=len(adv))
+
+
+def test_the_readme_episode_is_the_committed_pages():
+    """The README's worked episode is episode #50 of lab/results/credit-page.html, the page of
+    the README's fast loop on seed 0 (its three commands regenerate it): the question, A, and the
+    answer token's δ and Â as the README writes them; the query left as it was (Â = A)."""
+    readme = open(os.path.join(ROOT, "README.md")).read()
+    text = readme[readme.index("## One episode and its teacher"):readme.index("## Reading")]
+    drawn = Page(os.path.join(ROOT, "lab/results/credit-page.html"))
+    ep = drawn.column(0)[50]
+    number = lambda v, digits: f"{v:.{digits}f}".replace("-", "−")
+    assert "Episode #50 of that page" in text
+    assert "*in which country is nasgor press based?*" in text
+    assert f"A = {number(ep['a'], 2)}" in text
+    ven = next(t for t in ep["tokens"] if t[2] and t[4] == " ven")    # the answer's, in m
+    assert f"(δ = {number(ven[1], 1)})" in text and f"Â = {number(ven[0], 2)} = A − λ|A|" in text
+    assert ven[0] == pytest.approx(ep["a"] - 0.2 * abs(ep["a"]), rel=1e-4)
+    query = [t for t in ep["tokens"] if t[2]][:2]           # " nas", "gor": the query, in m
+    assert "".join(t[4] for t in query) == " nasgor"
+    assert all(number(t[0], 2) == number(ep["a"], 2) for t in query)      # "Â stays −1.21"
+    assert [b[0] for b in ep["blocks"]] == ["the search teacher reads", "the answer teacher reads"]
+    assert "ventam: is a city in barrosia." in ep["blocks"][0][1]
+    assert "the answer is barrosia." in ep["blocks"][1][1]
