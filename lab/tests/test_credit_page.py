@@ -29,7 +29,7 @@ STEP = dict(QUESTIONS_PER_STEP=4, GROUP_SIZE=4, MAX_TURNS=3, MAX_NEW_TOKENS=24)
 class Page(html.parser.HTMLParser):
     """A credit page read back: ``columns`` (each header's text and coloured count) and
     ``episodes`` in the order drawn, each {"id", "a", "tokens": [(Â, δ, in m, coloured, text)],
-    "blocks": [(label, text)], "grey": text}."""
+    "blocks": [(label, text, how many generated tokens precede it)], "grey": text}."""
 
     def __init__(self, path):
         super().__init__()
@@ -54,7 +54,7 @@ class Page(html.parser.HTMLParser):
                 [hat, delta, a.get("class") == "m", "style" in a, ""])
         elif tag == "span" and a.get("class") == "ctx" and any(   # not the legend's
                 t == "div" and b.get("class") == "ep" for t, b in self.stack):
-            self.episodes[-1]["blocks"].append(["", ""])
+            self.episodes[-1]["blocks"].append(["", "", len(self.episodes[-1]["tokens"])])
 
     def handle_endtag(self, tag):
         self.stack.pop()
@@ -130,7 +130,10 @@ def test_the_page_holds_the_steps_credit_token_for_token(step_runs, trained, tok
         searches, answers = evisd.scored_turns(r.spans[i], step_runs)
         want = ([("the search teacher reads", evidence)] * len(searches)
                 + [("the answer teacher reads", answer)] * len(answers)) if adv[i] else []
-        assert [tuple(b) for b in ep["blocks"]] == want
+        assert [tuple(b[:2]) for b in ep["blocks"]] == want
+        # each where its teacher read it: before the search's opening tag, after <answer>'s
+        at = [evisd.block_position(s, step_runs) for s in searches + answers] if adv[i] else []
+        assert [int(gen.nonzero()[b[2]]) for b in ep["blocks"]] == at
         assert "<information>" in ep["grey"] or not searches     # the env's text is grey
     coloured = int(((token_adv != adv[:, None]) & r.gen_mask.bool()).sum())
     assert drawn.columns[0]["coloured"] == coloured > 0
@@ -317,6 +320,7 @@ def test_the_readme_episode_is_the_committed_pages():
     query = [t for t in ep["tokens"] if t[2]][:2]           # " nas", "gor": the query, in m
     assert "".join(t[4] for t in query) == " nasgor"
     assert all(number(t[0], 2) == number(ep["a"], 2) for t in query)      # "Â stays −1.21"
-    assert [b[0] for b in ep["blocks"]] == ["the search teacher reads", "the answer teacher reads"]
+    assert [b[0] for b in ep["blocks"]] == ["the search teacher reads",
+                                             "the answer teacher reads"]
     assert "ventam: is a city in barrosia." in ep["blocks"][0][1]
     assert "the answer is barrosia." in ep["blocks"][1][1]
