@@ -25,7 +25,6 @@ which actions were good (the oracle, lab/oracle.py), so the teacher can be grade
 ``show_episodes`` prints sampled episodes with each action token's gap (``--show``); ``main``
 is what ``python lab/report.py RUN --credit`` and ``--show`` run.
 """
-import html
 import json
 import os
 import sys
@@ -41,7 +40,6 @@ import model
 import rollout
 import runs
 import search_env
-import train
 from lab import oracle, peers
 
 PARTS = ("tag", "content")
@@ -462,55 +460,38 @@ def printable(text):
     return text.encode(encoding, "backslashreplace").decode(encoding)
 
 
-def show_episodes(lm, tok, cfg, world, qs, html_path, k):
+def show_episodes(lm, tok, cfg, world, qs, k):
     """Sample 4 episodes of each question in ``qs``, score them exactly as a training step would,
     and print two episodes of ``k`` questions with every action token's teacher-student gap
-    (lab/report.py --show; also as HTML): questions whose samples disagree first, since a group
-    that agrees has A = 0, which training never asks the teacher about (its gap shows as 0)."""
+    (lab/report.py --show; the page of lab/credit_page.py shows every token): questions whose
+    samples disagree first, since a group that agrees has A = 0, which training never asks the
+    teacher about (its gap shows as 0)."""
     torch.manual_seed(0)
     r, adv, lp_s = sample(lm, tok, cfg, world, qs, 4)
     # The teacher's gap, whichever method the run trained with.
-    token_adv, lp_t, _ = evisd.credit(lm, tok, world, r, adv, lp_s, cfg)
+    _, lp_t, _ = evisd.credit(lm, tok, world, r, adv, lp_s, cfg)
     # stable
     groups = sorted(range(0, len(qs) * 4, 4), key=lambda i: not adv[i:i + 4].any())[:k]
     tty = sys.stdout.isatty()
-    pages = []
     for i in groups:
         for j in (i, i + 1):   # two samples of each question
             n = int(r.attention_mask[j].sum())
             p = int(r.prompt_len[j])
-            head = (f"Q: {r.questions[j].question}  gold={r.questions[j].answers[0]}  "
-                    f"reward={r.rewards[j]:.0f}  A={adv[j]:+.2f}")
-            print("\n" + printable(head))
-            text, page = [], [f"<p><b>{html.escape(head)}</b><br>"]
+            print("\n" + printable(f"Q: {r.questions[j].question}  gold={r.questions[j].answers[0]}"
+                                   f"  reward={r.rewards[j]:.0f}  A={adv[j]:+.2f}"))
+            text = []
             for t in range(p, n):
                 piece = tok.decode([int(r.input_ids[j, t])])
                 if r.info_mask[j, t]:
                     text.append("\x1b[2m" + piece + "\x1b[0m" if tty else piece)
-                    page.append(f"<span style='color:#999'>{html.escape(piece)}</span>")
                 elif r.action_kind[j, t]:
                     g = (lp_t[j, t] - lp_s[j, t]).item()
                     colour = "32" if g > 0 else "31"
                     text.append(f"\x1b[{colour}m{piece}\x1b[0m[{g:+.1f}]" if tty
                                 else f"{piece}[{g:+.1f}]")
-                    alpha = min(abs(g) / 2, 1)
-                    rgb = "0,160,0" if g > 0 else "200,0,0"
-                    page.append(f"<span title='gap {g:+.2f}, "
-                                f"Â/A {token_adv[j, t] / adv[j] if adv[j] else 1:.2f}' "
-                                f"style='background:rgba({rgb},{alpha:.2f})'>"
-                                f"{html.escape(piece)}</span>")
                 else:
                     text.append(piece)
-                    page.append(html.escape(piece))
             print(printable("".join(text)))
-            pages.append("".join(page) + "</p>")
-    with open(html_path, "w", encoding="utf-8", errors="backslashreplace") as f:
-        f.write("<html><meta charset='utf-8'>"
-                "<body style='font-family:monospace;white-space:pre-wrap'>"
-                "<h3>Teacher-student gap per action token (green: teacher more likely; "
-                "hover for values)</h3>"
-                + "\n".join(pages) + "</body></html>")
-    print(f"\nwrote {html_path}")
 
 
 # ------------------------------------------------------------------- lab/report.py --credit, --show
@@ -538,8 +519,7 @@ def main(args):
         lm, tok, cfg, _ = runs.load_run(args.runs[0])
         # the groups with A != 0 are shown first
         world, qs = question_sets(cfg, 4 * args.show)[0]
-        show_episodes(lm, tok, cfg, world, qs, os.path.join(args.runs[0], "episodes.html"),
-                      args.show)
+        show_episodes(lm, tok, cfg, world, qs, args.show)
         return
     cards = {}
     for run in args.runs:

@@ -129,14 +129,16 @@ def test_tables_speed_curves_and_credit_report_end_to_end(tmp_path, capsys):
     assert "| EVISD_SPAN=action |" in capsys.readouterr().out
     # The gap view of one run's episodes.
     report.main([evisd_run, "--show", "1"])
-    assert "gap" in open(os.path.join(evisd_run, "episodes.html")).read()
+    shown = capsys.readouterr().out
+    assert shown.count("Q: ") == 2 and "A=" in shown
     for flags, message in ((["--variants"], "go with --credit"),
                            (["--credit", "2", "--rules", "--variants"], "one at a time")):
         with pytest.raises(SystemExit, match=message):
             report.main([evisd_run] + flags)
 
 
-def test_model_output_that_is_not_unicode_is_invalid_and_printable(run_copy, monkeypatch, capsys):
+def test_model_output_that_is_not_unicode_is_invalid_and_printable(run_copy, monkeypatch, capsys,
+                                                                    tmp_path):
     out, _ = run_copy
     load_run = runs.load_run
 
@@ -149,7 +151,9 @@ def test_model_output_that_is_not_unicode_is_invalid_and_printable(run_copy, mon
     report.main([out, "--show", "1"])
     printed = capsys.readouterr().out
     assert "\\udcff" in printed and "reward=0" in printed and "reward=1" not in printed
-    assert "\\udcff" in open(os.path.join(out, "episodes.html"), encoding="utf-8").read()
+    page = str(tmp_path / "credit.html")           # the credit page writes it as text too
+    report.main([out, "--credit-page", page])
+    assert "\\udcff" in open(page, encoding="utf-8").read()
 
 
 def test_held_out_em_is_cached_per_checkpoint_and_dtype(run_copy, monkeypatch):
