@@ -130,7 +130,9 @@ def episode_html(tok, r, i, adv, col, lam):
     scale = lam * (abs(a) or 1.0)
     head = (f"<h4>#{i} · {html.escape(q.question)} <span class=gold>gold: "
             f"{html.escape(q.answers[0])}</span> · reward {float(r.rewards[i]):.2f} · "
-            f"A = {a:+.3f}</h4>")
+            f"A = {a:+.3f}"
+            + (" <span class=g>(A = 0: Â = 0, whatever a teacher would say)</span>"
+               if not a and not col["token_adv"][i].any() else "") + "</h4>")
     out = [f"<div class=ep id=e{i} data-a='{a:.9g}'>{head}<details><summary>prompt"
            f"</summary><span class=g>{html.escape(tok.decode(ids[:p]))}</span></details><p>"]
     grey = []
@@ -205,11 +207,11 @@ def render(tok, r, adv, cols, title):
     """The whole page: a header per column, then each episode across the columns."""
     head = []
     for label, cfg, col, c in cols:
-        setting = ", ".join(f"{k}={cfg[k]}" for k in ("EVISD_SPAN", "EVISD_LAMBDA", "EVISD_TAU",
-                                                       "TEACHER_CONTEXT"))
+        setting = "" if cfg["METHOD"] == "grpo" else ", " + ", ".join(
+            f"{k}={cfg[k]}" for k in ("EVISD_SPAN", "EVISD_LAMBDA", "EVISD_TAU", "TEACHER_CONTEXT"))
         note = (" The gated loss leaves Â = A: its credit is a loss term beside it."
                 if cfg["METHOD"] == "evisd" and cfg["EVISD_FORM"] == "gated_loss" else "")
-        head.append(f"<div class=col><b>{html.escape(label)}</b><br>METHOD={cfg['METHOD']}, "
+        head.append(f"<div class=col><b>{html.escape(label)}</b><br>METHOD={cfg['METHOD']}"
                     f"{setting}<br><span class=count data-coloured={c['coloured']}>"
                     f"{c['coloured']} of {c['generated']} generated tokens coloured (Â ≠ A), "
                     f"{c['covered']} under m</span>{note}</div>")
