@@ -94,7 +94,10 @@ def columns(run_dirs, overrides):
         cols.append((f"{run} ({cfg['METHOD']})", lm, tok, cfg))
     if overrides:
         label, lm, tok, cfg = cols[0]
-        changed, _, _ = runs.parse_overrides(overrides, cfg, train.SCHEMA)
+        changed, resume, overwrite = runs.parse_overrides(overrides, cfg, train.SCHEMA)
+        if resume or overwrite:
+            raise SystemExit("--credit-page: settings after it are --NAME=value; --resume and "
+                             "--overwrite are train.py's")
         cols.append((f"{run_dirs[0]}, {' '.join(overrides)}", lm, tok, changed))
     first = cols[0][2].get_vocab()
     for label, _, tok, _ in cols[1:]:

@@ -209,6 +209,8 @@ def test_bad_commands_stop_with_a_reason(step_runs, tmp_path):
     with pytest.raises(SystemExit, match="EVISD_SPAN='sideways'"):
         page(tmp_path, "out/evisd", "--credit-page", str(tmp_path / "x.html"),
              "--EVISD_SPAN=sideways")
+    with pytest.raises(SystemExit, match="--resume and --overwrite are train.py's"):
+        page(tmp_path, "out/evisd", "--credit-page", str(tmp_path / "x.html"), "--resume")
     with pytest.raises(SystemExit, match="one at a time"):
         page(tmp_path, "out/evisd", "--credit", "2")
     with pytest.raises(SystemExit):              # a setting without --credit-page: argparse's
@@ -238,10 +240,10 @@ def browser():
 def check_in_browser(path, png, episodes):
     """Load the page in chromium: every episode drawn, and the tooltip of a scored token shows
     its δ and Â; then a screenshot with that tooltip open, written to ``png``."""
+    drawn = Page(path)
+    driver = browser()                          # or a skip, before selenium is imported
     from selenium.webdriver.common.action_chains import ActionChains
     from selenium.webdriver.common.by import By
-    drawn = Page(path)
-    driver = browser()
     try:
         driver.get("file://" + os.path.abspath(path))
         shown = driver.find_elements(By.CSS_SELECTOR, ".ep")
