@@ -30,6 +30,7 @@ import torch
 import evisd
 import model
 import runs
+import train
 from lab import credit as lab_credit
 from lab import peers
 
@@ -87,7 +88,6 @@ def teacher_reads(tok, world, r, rows, cfg):
 def columns(run_dirs, overrides):
     """[(label, lm, tok, cfg)]: each run as it trained, then the first run under ``overrides``
     (train.py's --NAME=value, checked as train.py checks them) when there are any."""
-    import train
     cols = []
     for run in run_dirs:
         lm, tok, cfg, _ = runs.load_run(run)
