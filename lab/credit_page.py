@@ -250,8 +250,8 @@ def write_page(run_dirs, path, overrides=(), seed=0):
     for label, lm, tok, ccfg in cols:
         col = step_credit(lm.eval(), tok, ccfg, world, r, adv)
         drawn.append((label, ccfg, col, counts(r, adv, col)))
-    title = (f"One step's credit: {len(adv)} episodes of {cfg['QUESTIONS_PER_STEP']} validation "
-             f"questions (seed {seed})")
+    title = (f"One step's credit: {len(adv)} episodes of {len(adv) // cfg['GROUP_SIZE']} "
+             f"validation questions (seed {seed})")
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     with open(path + ".tmp", "w", encoding="utf-8", errors="backslashreplace") as f:
         f.write(render(tok, r, adv, drawn, title))

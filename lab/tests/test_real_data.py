@@ -21,7 +21,7 @@ import model
 import rollout
 import search_env
 import train
-from lab import oracle, real_data, report, retrieval
+from lab import credit, oracle, real_data, report, retrieval
 from test_keys import recording_runs
 from test_rollout import ForcedLM
 
@@ -611,3 +611,17 @@ def test_the_report_card_grades_the_teacher_on_hotpotqa_evidence(standin_dir, tm
     assert (parts["all"]["actions"] == 40 and parts["all"]["good"] == 28
             and parts["all"]["auc"] is not None)
     assert parts["answer_content"]["actions"] == 8 and parts["answer_content"]["good"] == 4
+    # The credit page of the same run: every episode, each teacher's block from the data.
+    from test_credit_page import Page
+    page = str(tmp_path / "credit.html")
+    report.main([out, "--credit-page", page])
+    episodes = Page(page).episodes
+    cfg = json.load(open(os.path.join(out, "config.json")))
+    _, questions = credit.question_sets(cfg, cfg["QUESTIONS_PER_STEP"], validation=True)[0]
+    assert len(episodes) == len(questions) * cfg["GROUP_SIZE"] > 0
+    blocks = [b for ep in episodes for b in ep["blocks"]]
+    searches = [b for b in blocks if b[0] == "the search teacher reads"]
+    answers = [b for b in blocks if b[0] == "the answer teacher reads"]
+    assert searches and answers and len(answers) == sum(ep["a"] != 0 for ep in episodes)
+    assert all(b[1].startswith("<information>") for b in searches)
+    assert all(b[1].startswith("<information> the answer is ") for b in answers)
