@@ -93,7 +93,7 @@ def columns(run_dirs, overrides):
         lm, tok, cfg, _ = runs.load_run(run)
         cols.append((f"{run} ({cfg['METHOD']})", lm, tok, cfg))
     if overrides:
-        label, lm, tok, cfg = cols[0]
+        _, lm, tok, cfg = cols[0]
         changed, resume, overwrite = runs.parse_overrides(overrides, cfg, train.SCHEMA)
         if resume or overwrite:
             raise SystemExit("--credit-page: settings after it are --NAME=value; --resume and "
@@ -138,14 +138,14 @@ def episode_html(tok, r, i, adv, col, lam):
                if not a and not col["token_adv"][i].any() else "") + "</h4>")
     out = [f"<div class=ep id=e{i} data-a='{a:.9g}'>{head}<details><summary>prompt"
            f"</summary><span class=g>{html.escape(tok.decode(ids[:p]))}</span></details><p>"]
-    grey = []
+    reads, grey = col["reads"].get(i, {}), []
     for t in range(p, n):
-        for who, text in col["reads"].get(i, {}).get(t, []):
+        for who, text in reads.get(t, []):
             out.append(f"<span class=ctx><b>{who}</b>{html.escape(text)}</span>")
         piece = html.escape(tok.decode([ids[t]]))
         if not r.gen_mask[i, t]:
             grey.append(piece)
-            if t + 1 == n or r.gen_mask[i, t + 1] or t + 1 in col["reads"].get(i, {}):
+            if t + 1 == n or r.gen_mask[i, t + 1] or t + 1 in reads:
                 out.append(f"<span class=g>{''.join(grey)}</span>")
                 grey = []
             continue
@@ -199,11 +199,11 @@ document.addEventListener("click", show);
 
 def counts(r, adv, col):
     """What a column's header reports: generated tokens, those whose Â differs from A (the
-    coloured ones), those m covers, and the episodes with A != 0."""
+    coloured ones), and those m covers."""
     gen = r.gen_mask.bool()
-    return dict(generated=int(gen.sum()), coloured=int(((col["token_adv"] != adv[:, None]) & gen)
-                                                      .sum()),
-                covered=int((col["mask"] & gen).sum()), moved_episodes=int((adv != 0).sum()))
+    coloured = (col["token_adv"] != adv[:, None]) & gen
+    return dict(generated=int(gen.sum()), coloured=int(coloured.sum()),
+                covered=int((col["mask"] & gen).sum()))
 
 
 def render(tok, r, adv, cols, title):
@@ -247,9 +247,9 @@ def write_page(run_dirs, path, overrides=(), seed=0):
     _, lm, tok, cfg = cols[0]
     world, r, adv = sample_step(lm, tok, cfg, seed)
     drawn = []
-    for label, lm, tok, ccfg in cols:
-        col = step_credit(lm.eval(), tok, ccfg, world, r, adv)
-        drawn.append((label, ccfg, col, counts(r, adv, col)))
+    for label, column_lm, column_tok, column_cfg in cols:
+        col = step_credit(column_lm.eval(), column_tok, column_cfg, world, r, adv)
+        drawn.append((label, column_cfg, col, counts(r, adv, col)))
     title = (f"One step's credit: {len(adv)} episodes of {len(adv) // cfg['GROUP_SIZE']} "
              f"validation questions (seed {seed})")
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
